@@ -1,0 +1,43 @@
+# The two commands a newcomer runs:  make demo   and   make test
+# Everything else is what they call. The virtualenv lives in .venv; the control-plane
+# binaries are built once into ~/.cache/shoal/devcluster/<versions> (SHOAL_DEVCLUSTER_CACHE).
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: venv devcluster lint unit integration test demo clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+devcluster: $(STAMP)
+	$(PY) -m devcluster build
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+unit: $(STAMP)
+	$(PY) -m pytest tests/unit
+
+integration: devcluster
+	$(PY) -m pytest tests/integration
+
+# Lint, type-check, layer contracts, then every test (unit and integration) in one run.
+test: lint devcluster
+	$(PY) -m pytest
+
+demo: devcluster
+	$(PY) -m demo
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -1,0 +1,3 @@
+from demo.main import main
+
+raise SystemExit(main())

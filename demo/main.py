@@ -1,0 +1,85 @@
+"""The demo: a local cluster of kwok GPU nodes, then the elastic-training scenario.
+
+The scenario itself (Shoal scheduler, node agents, elastic jobs and a spot revocation) arrives
+with the scheduler and node-agent work; until then the demo sets up the cluster it will run on,
+shows it, and says so plainly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from contracts import gputopology, names
+from devcluster import build, cluster, nodes
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="make demo", description=__doc__)
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=int(os.environ.get("SHOAL_DEMO_NODES", "16")),
+        help="kwok GPU nodes, 8 GPUs each [env SHOAL_DEMO_NODES] (default %(default)s)",
+    )
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        default=os.environ.get("SHOAL_DEMO_KEEP") == "1",
+        help="leave the cluster up and print its kubeconfig [env SHOAL_DEMO_KEEP=1]",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    console = Console(stderr=True)
+    bin_dir = build.build()
+    run_dir = Path(tempfile.mkdtemp(prefix="shoal-demo-"))
+    c = cluster.up(run_dir, bin_dir, cluster.Options(die_with_parent=not args.keep))
+    try:
+        spec = nodes.NodeSpec(count=args.nodes, gpus=8, prefix="demo-gpu", spot_fraction=0.5)
+        created = nodes.create(str(c.kubeconfig), spec)
+        table = Table(title=f"{len(created)} kwok GPU nodes on a real control plane")
+        for column in ("node", "rack", "capacity", "GPUs", "NVLink islands"):
+            table.add_column(column)
+        for i, name in enumerate(created):
+            manifest = nodes.node_manifest(spec, i)
+            labels = manifest["metadata"]["labels"]
+            topo = gputopology.decode(
+                manifest["metadata"]["annotations"][names.GPU_TOPOLOGY_ANNOTATION]
+            )
+            islands = " ".join(
+                "[" + ",".join(map(str, sorted(m))) + "]" for m in topo.islands().values()
+            )
+            table.add_row(
+                name,
+                labels[names.RACK_LABEL],
+                labels[names.CAPACITY_TYPE_LABEL],
+                str(spec.gpus),
+                islands,
+            )
+        console.print(table)
+        console.print(
+            "[yellow]The elastic-training scenario is not built yet[/yellow]: it needs the Shoal "
+            "scheduler and node agent. The cluster above is what it will run on."
+        )
+        if args.keep:
+            console.print(
+                f"Cluster left running. kubeconfig: {c.kubeconfig}\n"
+                f"Stop it with: python -m devcluster --run-dir {run_dir} down"
+            )
+    finally:
+        if not args.keep:
+            cluster.down(run_dir, say=lambda _m: None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

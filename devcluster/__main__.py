@@ -1,0 +1,3 @@
+from devcluster.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,233 @@
+"""``python -m devcluster build | up | down | status | nodes``; flags also read env vars."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from devcluster import build as builder
+from devcluster import cluster, versions
+from devcluster.errors import DevclusterError, NotRunningError
+
+RUN_DIR_ENV = "SHOAL_DEVCLUSTER_RUN_DIR"
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m devcluster",
+        description=(
+            "A real local Kubernetes control plane (etcd, kube-apiserver, "
+            "kube-controller-manager, kwok) built from the pinned Go modules and run on loopback."
+        ),
+        epilog=(
+            f"Environment: {versions.CACHE_ENV} (binary cache, default "
+            f"~/.cache/shoal/devcluster), {RUN_DIR_ENV} (run folder, default "
+            "~/.cache/shoal/run/default)."
+        ),
+    )
+    p.add_argument(
+        "--run-dir",
+        type=Path,
+        default=Path(_env(RUN_DIR_ENV, str(cluster.default_run_dir()))),
+        help=f"folder for certificates, logs, etcd data and state [env {RUN_DIR_ENV}]",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build", help="build the binaries once into the cache (no-op when cached)")
+    b.add_argument("--force", action="store_true", help="rebuild even when cached")
+    b.add_argument("--print-dir", action="store_true", help="print the binary folder and exit 0")
+
+    u = sub.add_parser("up", help="start the control plane and write a kubeconfig")
+    u.add_argument(
+        "--kubeconfig-out",
+        type=Path,
+        default=os.environ.get("SHOAL_KUBECONFIG_OUT"),
+        help="also copy the admin kubeconfig here [env SHOAL_KUBECONFIG_OUT]",
+    )
+    u.add_argument(
+        "--kube-scheduler",
+        action="store_true",
+        default=_env("SHOAL_DEVCLUSTER_KUBE_SCHEDULER", "") == "1",
+        help="also run the stock kube-scheduler [env SHOAL_DEVCLUSTER_KUBE_SCHEDULER=1]",
+    )
+
+    sub.add_parser("down", help="stop every process `up` started")
+    sub.add_parser("status", help="print the components, their memory and the API server state")
+
+    n = sub.add_parser("nodes", help="create fake GPU nodes that kwok runs")
+    n.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG"),
+        help="[env KUBECONFIG]; default: the run folder's admin kubeconfig",
+    )
+    n.add_argument("--count", type=int, default=int(_env("SHOAL_NODES_COUNT", "4")))
+    n.add_argument("--gpus", type=int, default=int(_env("SHOAL_NODES_GPUS", "8")))
+    n.add_argument("--prefix", default=_env("SHOAL_NODES_PREFIX", "gpu"))
+    n.add_argument("--product", default=_env("SHOAL_NODES_PRODUCT", "NVIDIA-H100-80GB-HBM3"))
+    n.add_argument("--cpu", default=_env("SHOAL_NODES_CPU", "96"))
+    n.add_argument("--memory", default=_env("SHOAL_NODES_MEMORY", "1Ti"))
+    n.add_argument("--pods", type=int, default=int(_env("SHOAL_NODES_PODS", "110")))
+    n.add_argument("--zones", type=int, default=int(_env("SHOAL_NODES_ZONES", "1")))
+    n.add_argument("--racks-per-zone", type=int, default=int(_env("SHOAL_NODES_RACKS", "2")))
+    n.add_argument("--spot-fraction", type=float, default=float(_env("SHOAL_NODES_SPOT", "0")))
+    n.add_argument(
+        "--island-size",
+        type=int,
+        default=int(_env("SHOAL_NODES_ISLAND", "4")),
+        help="GPUs per NVLink island in the synthetic topology",
+    )
+    n.add_argument("--no-topology", action="store_true", help="omit shoal.dev/gpu-topology")
+    n.add_argument(
+        "--no-kwok-taint",
+        action="store_true",
+        help="omit the kwok.x-k8s.io/node=fake:NoSchedule taint",
+    )
+    n.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra node label (repeatable)",
+    )
+    for action in n._actions:
+        if action.dest.startswith(
+            (
+                "count",
+                "gpus",
+                "prefix",
+                "product",
+                "cpu",
+                "memory",
+                "pods",
+                "zones",
+                "racks",
+                "spot",
+                "island",
+            )
+        ):
+            env = "SHOAL_NODES_" + {
+                "racks_per_zone": "RACKS",
+                "spot_fraction": "SPOT",
+                "island_size": "ISLAND",
+            }.get(action.dest, action.dest.upper())
+            action.help = (
+                f"{action.help + '; ' if action.help else ''}[env {env}] (default %(default)s)"
+            )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return _run(args)
+    except DevclusterError as exc:
+        print(f"devcluster: error: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        print(f"devcluster: invalid argument: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    run_dir: Path = args.run_dir
+    if args.command == "build":
+        directory = builder.build(force=args.force)
+        if args.print_dir:
+            print(directory)
+        return 0
+    if args.command == "up":
+        bin_dir = builder.build()
+        c = cluster.up(run_dir, bin_dir, cluster.Options(kube_scheduler=args.kube_scheduler))
+        if args.kubeconfig_out:
+            args.kubeconfig_out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(c.kubeconfig, args.kubeconfig_out)
+        print(args.kubeconfig_out or c.kubeconfig)
+        return 0
+    if args.command == "down":
+        try:
+            stubborn = cluster.down(run_dir)
+        except NotRunningError as exc:
+            print(f"devcluster: {exc}", file=sys.stderr)
+            return 0
+        if stubborn:
+            print(f"devcluster: error: could not stop {', '.join(stubborn)}", file=sys.stderr)
+            return 1
+        return 0
+    if args.command == "status":
+        return _status(run_dir)
+    if args.command == "nodes":
+        return _nodes(args)
+    raise AssertionError(args.command)
+
+
+def _status(run_dir: Path) -> int:
+    from devcluster import process
+
+    try:
+        c = cluster.Cluster.load(run_dir)
+    except NotRunningError as exc:
+        print(f"devcluster: {exc}")
+        return 3
+    rss = c.rss_bytes()
+    components = {
+        p.name: {
+            "pid": p.pid,
+            "alive": process.alive(p),
+            "rss_mib": round(rss[p.name] / 2**20, 1),
+            "log": p.log,
+        }
+        for p in c.procs
+    }
+    report = {
+        "server": c.server,
+        "kubeconfig": str(c.kubeconfig),
+        "versions": c.versions,
+        "ready_seconds": c.ready_seconds,
+        "components": components,
+        "rss_mib_total": round(sum(rss.values()) / 2**20, 1),
+    }
+    print(json.dumps(report, indent=2))
+    return 0 if all(v["alive"] for v in components.values()) else 1
+
+
+def _nodes(args: argparse.Namespace) -> int:
+    from devcluster import nodes
+
+    kubeconfig = args.kubeconfig or str(cluster.Cluster.load(args.run_dir).kubeconfig)
+    extra = {}
+    for item in args.label:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--label expects KEY=VALUE, got {item!r}")
+        extra[key] = value
+    spec = nodes.NodeSpec(
+        count=args.count,
+        gpus=args.gpus,
+        prefix=args.prefix,
+        product=args.product,
+        cpu=args.cpu,
+        memory=args.memory,
+        pods=args.pods,
+        zones=args.zones,
+        racks_per_zone=args.racks_per_zone,
+        spot_fraction=args.spot_fraction,
+        island_size=args.island_size,
+        topology=not args.no_topology,
+        kwok_taint=not args.no_kwok_taint,
+        extra_labels=extra,
+    )
+    created = nodes.create(kubeconfig, spec)
+    print(
+        f"devcluster: created {len(created)} nodes ({created[0]} .. {created[-1]})"
+        if created
+        else "devcluster: no nodes requested"
+    )
+    return 0

@@ -1,0 +1,387 @@
+"""Start and stop a local control plane: etcd, kube-apiserver, kube-controller-manager, kwok.
+
+State machine of a run folder: ``up`` writes ``state.json`` only after every component is ready,
+and removes the processes it started on any failure on the way; ``down`` stops what
+``state.json`` records (newest component first) and then deletes it. A folder without
+``state.json`` has no cluster. Logs stay in ``<run>/logs/`` after ``down``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from devcluster import pki, process
+from devcluster.errors import NotRunningError, StartError
+from devcluster.process import Proc
+
+STATE = "state.json"
+ADMIN_KUBECONFIG = "admin.kubeconfig"
+SERVICE_CIDR = "10.96.0.0/16"
+POD_CIDR = "10.244.0.0/16"
+
+#: Controllers the tests, the demo and the agent rely on, and the ones they imply.
+CONTROLLERS = (
+    "job-controller",
+    "cronjob-controller",
+    "replicaset-controller",
+    "deployment-controller",
+    "statefulset-controller",
+    "daemonset-controller",
+    "garbage-collector-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "taint-eviction-controller",
+    "node-lifecycle-controller",
+    "pod-garbage-collector-controller",
+    "disruption-controller",
+    "ttl-after-finished-controller",
+    "endpointslice-controller",
+)
+
+Say = Callable[[str], None]
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def default_run_dir() -> Path:
+    return Path.home() / ".cache" / "shoal" / "run" / "default"
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """How to start a cluster. Client QPS/burst apply to the built-in controllers."""
+
+    kube_scheduler: bool = False
+    die_with_parent: bool = False
+    controller_qps: int = 200
+    controller_burst: int = 400
+    ready_timeout: float = 120.0
+
+
+@dataclass(slots=True)
+class Cluster:
+    """A running devcluster, as recorded in its run folder."""
+
+    run_dir: Path
+    server: str
+    ports: dict[str, int]
+    procs: list[Proc]
+    versions: dict[str, str] = field(default_factory=dict)
+    started_at: float = 0.0
+    ready_seconds: float = 0.0
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.run_dir / ADMIN_KUBECONFIG
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.run_dir / "pki" / "ca.crt"
+
+    def save(self) -> None:
+        doc = {
+            "server": self.server,
+            "ports": self.ports,
+            "procs": [p.to_json() for p in self.procs],
+            "versions": self.versions,
+            "started_at": self.started_at,
+            "ready_seconds": self.ready_seconds,
+            "kubeconfig": str(self.kubeconfig),
+        }
+        tmp = self.run_dir / (STATE + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=2) + "\n")
+        tmp.replace(self.run_dir / STATE)
+
+    @staticmethod
+    def load(run_dir: Path) -> Cluster:
+        path = run_dir / STATE
+        if not path.is_file():
+            raise NotRunningError(f"no devcluster recorded in {run_dir} (run `up` first)")
+        doc = json.loads(path.read_text())
+        return Cluster(
+            run_dir=run_dir,
+            server=doc["server"],
+            ports={k: int(v) for k, v in doc["ports"].items()},
+            procs=[Proc.from_json(p) for p in doc["procs"]],
+            versions=dict(doc.get("versions", {})),
+            started_at=float(doc.get("started_at", 0)),
+            ready_seconds=float(doc.get("ready_seconds", 0)),
+        )
+
+    def rss_bytes(self) -> dict[str, int]:
+        return {p.name: process.rss_bytes(p) for p in self.procs}
+
+
+def free_ports(names: list[str]) -> dict[str, int]:
+    """Distinct free loopback ports, all held open until every one is chosen."""
+    held: list[socket.socket] = []
+    try:
+        for _ in names:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            held.append(sock)
+        return {name: sock.getsockname()[1] for name, sock in zip(names, held, strict=True)}
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def _tls_context(run_dir: Path) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(run_dir / "pki" / "ca.crt"))
+    ctx.load_cert_chain(str(run_dir / "pki" / "admin.crt"), str(run_dir / "pki" / "admin.key"))
+    return ctx
+
+
+def _get(url: str, ctx: ssl.SSLContext | None, timeout: float = 2.0) -> int:
+    try:
+        with urllib.request.urlopen(url, context=ctx, timeout=timeout) as resp:  # noqa: S310
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (urllib.error.URLError, OSError):
+        return 0
+
+
+def _tail(path: str, lines: int = 15) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+def _wait(what: str, check: Callable[[], bool], timeout: float, watched: list[Proc]) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for proc in watched:
+            if not process.alive(proc):
+                raise StartError(
+                    f"{proc.name} exited while waiting for {what}; its log {proc.log} ends:\n"
+                    f"{_tail(proc.log)}"
+                )
+        if check():
+            return
+        time.sleep(0.2)
+    last = watched[-1]
+    raise StartError(
+        f"timed out after {timeout:.0f} s waiting for {what}; {last.name}'s log {last.log} "
+        f"ends:\n{_tail(last.log)}"
+    )
+
+
+def up(run_dir: Path, bin_dir: Path, options: Options = Options(), *, say: Say = _say) -> Cluster:
+    """Start a cluster in ``run_dir`` and return it once the API server and controllers serve."""
+    run_dir = run_dir.resolve()
+    if (run_dir / STATE).exists():
+        existing = Cluster.load(run_dir)
+        if any(process.alive(p) for p in existing.procs):
+            raise StartError(
+                f"a devcluster is already running from {run_dir} at {existing.server}; "
+                "run `python -m devcluster down` first"
+            )
+        (run_dir / STATE).unlink()
+    for stale in ("etcd-data", "pki", "logs"):
+        shutil.rmtree(run_dir / stale, ignore_errors=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    keys = pki.generate(run_dir / "pki")
+    ports = free_ports(
+        ["etcd", "etcd_peer", "apiserver", "controller_manager", "kwok", "scheduler"]
+    )
+    server = f"https://127.0.0.1:{ports['apiserver']}"
+    for name, client in keys.clients.items():
+        filename = ADMIN_KUBECONFIG if name == "admin" else f"{name}.kubeconfig"
+        (run_dir / filename).write_text(pki.kubeconfig(server, keys.ca_cert, client, user=name))
+
+    procs: list[Proc] = []
+    popens: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str, argv: list[str]) -> Proc:
+        say(f"devcluster: starting {name}")
+        proc, popen = process.spawn(
+            name, argv, run_dir / "logs" / f"{name}.log", die_with_parent=options.die_with_parent
+        )
+        procs.append(proc)
+        popens.append(popen)
+        return proc
+
+    tls = _tls_context(run_dir)
+    try:
+        start("etcd", _etcd_argv(bin_dir, run_dir, ports))
+        etcd_health = f"http://127.0.0.1:{ports['etcd']}/health"
+        _wait("etcd /health", lambda: _get(etcd_health, None) == 200, 30, procs)
+
+        start("kube-apiserver", _apiserver_argv(bin_dir, keys, ports))
+        _wait(
+            "kube-apiserver /readyz",
+            lambda: _get(f"{server}/readyz", tls) == 200,
+            options.ready_timeout,
+            procs,
+        )
+
+        start(
+            "kube-controller-manager",
+            _controller_manager_argv(bin_dir, run_dir, keys, ports, options),
+        )
+        start("kwok", _kwok_argv(bin_dir, run_dir, ports))
+        if options.kube_scheduler:
+            start("kube-scheduler", _scheduler_argv(bin_dir, run_dir, ports))
+        default_sa = f"{server}/api/v1/namespaces/default/serviceaccounts/default"
+        _wait(
+            "the controller manager to create the default ServiceAccount",
+            lambda: _get(default_sa, tls) == 200,
+            options.ready_timeout,
+            procs,
+        )
+        kwok_health = f"http://127.0.0.1:{ports['kwok']}/healthz"
+        _wait("kwok /healthz", lambda: _get(kwok_health, None) == 200, 30, procs)
+    except BaseException:
+        for proc in reversed(procs):
+            process.stop(proc, grace=3)
+        raise
+
+    cluster = Cluster(
+        run_dir=run_dir,
+        server=server,
+        ports=ports,
+        procs=procs,
+        versions=_versions(bin_dir),
+        started_at=time.time(),
+        ready_seconds=round(time.monotonic() - started, 2),
+    )
+    cluster.save()
+    say(f"devcluster: ready at {server} in {cluster.ready_seconds:.1f} s")
+    return cluster
+
+
+def down(run_dir: Path, *, say: Say = _say) -> list[str]:
+    """Stop every component recorded in ``run_dir``; returns the names that would not stop."""
+    run_dir = run_dir.resolve()
+    cluster = Cluster.load(run_dir)
+    stubborn = []
+    for proc in reversed(cluster.procs):
+        if not process.stop(proc):
+            stubborn.append(proc.name)
+        else:
+            say(f"devcluster: stopped {proc.name}")
+    if not stubborn:
+        (run_dir / STATE).unlink(missing_ok=True)
+        shutil.rmtree(run_dir / "etcd-data", ignore_errors=True)
+    return stubborn
+
+
+def _versions(bin_dir: Path) -> dict[str, str]:
+    manifest = bin_dir / "manifest.json"
+    if not manifest.is_file():
+        return {}
+    raw = json.loads(manifest.read_text())
+    return {k: str(raw[k]) for k in ("kubernetes", "etcd", "kwok") if k in raw}
+
+
+def _etcd_argv(bin_dir: Path, run_dir: Path, ports: dict[str, int]) -> list[str]:
+    client = f"http://127.0.0.1:{ports['etcd']}"
+    peer = f"http://127.0.0.1:{ports['etcd_peer']}"
+    return [
+        str(bin_dir / "etcd"),
+        "--name=devcluster",
+        f"--data-dir={run_dir / 'etcd-data'}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=devcluster={peer}",
+        "--initial-cluster-state=new",
+        # A throwaway test cluster: durability across power loss is not worth the fsyncs.
+        "--unsafe-no-fsync",
+        "--quota-backend-bytes=8589934592",
+        "--log-level=warn",
+    ]
+
+
+def _apiserver_argv(bin_dir: Path, keys: pki.Pki, ports: dict[str, int]) -> list[str]:
+    return [
+        str(bin_dir / "kube-apiserver"),
+        f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={ports['apiserver']}",
+        f"--tls-cert-file={keys.serving_cert}",
+        f"--tls-private-key-file={keys.serving_key}",
+        f"--client-ca-file={keys.ca_cert}",
+        "--authorization-mode=Node,RBAC",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={keys.sa_public}",
+        f"--service-account-signing-key-file={keys.sa_private}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        # No kubelets to reach and no real Service endpoints on loopback.
+        "--endpoint-reconciler-type=none",
+        "--allow-privileged=true",
+        "--profiling=false",
+        "--event-ttl=1h",
+        "--v=1",
+    ]
+
+
+def _controller_manager_argv(
+    bin_dir: Path, run_dir: Path, keys: pki.Pki, ports: dict[str, int], options: Options
+) -> list[str]:
+    kubeconfig = run_dir / "controller-manager.kubeconfig"
+    return [
+        str(bin_dir / "kube-controller-manager"),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={ports['controller_manager']}",
+        "--leader-elect=false",
+        "--controllers=" + ",".join(CONTROLLERS),
+        "--use-service-account-credentials=true",
+        f"--service-account-private-key-file={keys.sa_private}",
+        f"--root-ca-file={keys.ca_cert}",
+        f"--cluster-cidr={POD_CIDR}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        f"--kube-api-qps={options.controller_qps}",
+        f"--kube-api-burst={options.controller_burst}",
+        "--profiling=false",
+        "--v=1",
+    ]
+
+
+def _kwok_argv(bin_dir: Path, run_dir: Path, ports: dict[str, int]) -> list[str]:
+    return [
+        str(bin_dir / "kwok"),
+        f"--kubeconfig={run_dir / 'kwok.kubeconfig'}",
+        "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+        # Node leases keep the node-lifecycle controller from declaring fake nodes unreachable.
+        "--node-lease-duration-seconds=40",
+        f"--server-address=127.0.0.1:{ports['kwok']}",
+        "--cidr=" + POD_CIDR,
+        "--node-ip=127.0.0.1",
+    ]
+
+
+def _scheduler_argv(bin_dir: Path, run_dir: Path, ports: dict[str, int]) -> list[str]:
+    kubeconfig = run_dir / "scheduler.kubeconfig"
+    return [
+        str(bin_dir / "kube-scheduler"),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={ports['scheduler']}",
+        "--leader-elect=false",
+        "--v=1",
+    ]

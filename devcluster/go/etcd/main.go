@@ -1,0 +1,13 @@
+// Command etcd starts an etcd server; it is the upstream etcdmain entry point
+// built from the published go.etcd.io/etcd/server/v3 module.
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() {
+	etcdmain.Main(os.Args)
+}

@@ -1,0 +1,127 @@
+"""Starting and stopping component processes, and telling whether one is still ours and alive.
+
+Each component runs in its own process group. A recorded pid is trusted only together with the
+process start time read from /proc, so a recycled pid is never signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Proc:
+    name: str
+    pid: int
+    start_ticks: int
+    log: str
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "pid": self.pid,
+            "start_ticks": self.start_ticks,
+            "log": self.log,
+        }
+
+    @staticmethod
+    def from_json(raw: dict[str, object]) -> Proc:
+        pid, ticks = raw["pid"], raw["start_ticks"]
+        assert isinstance(pid, int)
+        assert isinstance(ticks, int)
+        return Proc(name=str(raw["name"]), pid=pid, start_ticks=ticks, log=str(raw["log"]))
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks) from /proc/PID/stat, or None if gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    return fields[0], int(fields[19])
+
+
+def alive(proc: Proc) -> bool:
+    """True while the recorded process runs (a zombie or a recycled pid counts as gone)."""
+    stat = _stat(proc.pid)
+    return stat is not None and stat[0] not in ("Z", "X") and stat[1] == proc.start_ticks
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def spawn(
+    name: str, argv: list[str], log: Path, *, die_with_parent: bool
+) -> tuple[Proc, subprocess.Popen[bytes]]:
+    """Start ``argv`` in a new session with output to ``log``.
+
+    With ``die_with_parent`` the kernel kills the component if the starting process dies (test
+    sessions); without it the component outlives the CLI that started it (``devcluster up``).
+    """
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if die_with_parent else None,  # noqa: PLW1509
+        )
+    stat = _stat(popen.pid)
+    ticks = stat[1] if stat else 0
+    return Proc(name=name, pid=popen.pid, start_ticks=ticks, log=str(log)), popen
+
+
+def stop(proc: Proc, *, grace: float = 10.0) -> bool:
+    """SIGTERM the component's process group, SIGKILL after ``grace`` seconds.
+
+    Returns True when it is gone.
+    """
+    if not alive(proc):
+        return True
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            os.kill(proc.pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            _reap(proc.pid)
+            if not alive(proc):
+                return True
+            time.sleep(0.05)
+    return not alive(proc)
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status when the component is our own child, so it is not left a zombie."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def rss_bytes(proc: Proc) -> int:
+    """Resident memory of the process (0 when it is gone)."""
+    if not alive(proc):
+        return 0
+    try:
+        for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except FileNotFoundError:
+        return 0
+    return 0

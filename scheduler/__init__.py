@@ -1,0 +1,1 @@
+"""The Shoal scheduler: elastic gangs placed all-or-nothing at their minimum, topology-aware."""

@@ -1,0 +1,78 @@
+"""One devcluster for the whole test session, started from the cached binaries.
+
+The components are started with ``die_with_parent`` so a killed test run leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+
+from devcluster import build, cluster, nodes
+
+
+@dataclass(frozen=True, slots=True)
+class Devcluster:
+    handle: cluster.Cluster
+    api: Any  # kubernetes.client.ApiClient
+
+    @property
+    def kubeconfig(self) -> str:
+        return str(self.handle.kubeconfig)
+
+    def core(self) -> Any:
+        return client.CoreV1Api(self.api)
+
+    def batch(self) -> Any:
+        return client.BatchV1Api(self.api)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/integration" in str(item.path):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def bin_dir() -> Path:
+    return build.build()
+
+
+@pytest.fixture(scope="session")
+def devcluster(tmp_path_factory: pytest.TempPathFactory, bin_dir: Path) -> Iterator[Devcluster]:
+    run_dir = tmp_path_factory.mktemp("devcluster")
+    handle = cluster.up(run_dir, bin_dir, cluster.Options(die_with_parent=True))
+    api = config.new_client_from_config(config_file=str(handle.kubeconfig))
+    try:
+        yield Devcluster(handle=handle, api=api)
+    finally:
+        api.close()
+        cluster.down(run_dir)
+        if os.environ.get("SHOAL_KEEP_LOGS"):
+            print(f"devcluster logs kept in {run_dir / 'logs'}")
+
+
+@pytest.fixture
+def namespace(devcluster: Devcluster) -> Iterator[str]:
+    """A fresh namespace per test, deleted afterwards."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    core = devcluster.core()
+    core.create_namespace({"metadata": {"name": name}})
+    try:
+        yield name
+    finally:
+        core.delete_namespace(name)
+
+
+@pytest.fixture(scope="session")
+def gpu_nodes(devcluster: Devcluster) -> list[str]:
+    """Four kwok GPU nodes (8 GPUs each, two racks, half spot) shared by the session."""
+    spec = nodes.NodeSpec(count=4, gpus=8, prefix="itest-gpu", spot_fraction=0.5)
+    return nodes.create(devcluster.kubeconfig, spec)

@@ -1,0 +1,204 @@
+"""The devcluster is a real control plane: objects persist, kwok runs pods, controllers act,
+RBAC refuses, and ``down`` leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from contracts import gputopology, names
+from devcluster import cluster, process
+from tests.integration.conftest import Devcluster
+
+T = TypeVar("T")
+
+KWOK_TOLERATION = {
+    "key": names.KWOK_TAINT,
+    "operator": "Equal",
+    "value": names.KWOK_NODE_VALUE,
+    "effect": "NoSchedule",
+}
+
+
+def eventually(probe: Callable[[], T | None], *, timeout: float = 60, what: str = "") -> T:
+    """Poll ``probe`` until it returns something truthy; fail naming ``what`` otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def pod_body(name: str, *, scheduler: str = "nobody-schedules-this") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerName": scheduler,
+            "tolerations": [KWOK_TOLERATION],
+            "containers": [
+                {
+                    "name": "worker",
+                    "image": "registry.example/trainer:1",
+                    "resources": {"limits": {names.GPU_RESOURCE: "2"}},
+                }
+            ],
+        },
+    }
+
+
+def test_gpu_node_is_stored_and_read_back_ready(
+    devcluster: Devcluster, gpu_nodes: list[str]
+) -> None:
+    core = devcluster.core()
+    node = core.read_node(gpu_nodes[0])
+    assert node.status.allocatable[names.GPU_RESOURCE] == "8"
+    assert node.metadata.labels[names.RACK_LABEL] == "rack-0"
+    topology = gputopology.decode(node.metadata.annotations[names.GPU_TOPOLOGY_ANNOTATION])
+    assert [len(m) for m in topology.islands().values()] == [4, 4]
+    spot = [core.read_node(n).metadata.labels[names.CAPACITY_TYPE_LABEL] for n in gpu_nodes]
+    assert spot.count("spot") == 2
+
+    def ready() -> bool:
+        conditions = core.read_node(gpu_nodes[0]).status.conditions or []
+        return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+    eventually(ready, what="kwok to mark the node Ready")
+
+
+def test_pod_bound_through_binding_subresource_runs_on_kwok_node(
+    devcluster: Devcluster, gpu_nodes: list[str], namespace: str
+) -> None:
+    core = devcluster.core()
+    core.create_namespaced_pod(namespace, pod_body("bound-by-hand"))
+    binding = client.V1Binding(
+        metadata=client.V1ObjectMeta(name="bound-by-hand"),
+        target=client.V1ObjectReference(kind="Node", api_version="v1", name=gpu_nodes[1]),
+    )
+    # The generated client cannot parse the Status that pods/binding returns; the write is what
+    # matters, so the response body is not deserialised.
+    core.create_namespaced_pod_binding("bound-by-hand", namespace, binding, _preload_content=False)
+
+    def running() -> Any:
+        pod = core.read_namespaced_pod("bound-by-hand", namespace)
+        return pod if pod.status.phase == "Running" else None
+
+    pod = eventually(running, what="the bound pod to be Running")
+    assert pod.spec.node_name == gpu_nodes[1]
+    assert pod.status.pod_ip
+
+    core.delete_namespaced_pod("bound-by-hand", namespace)
+
+    def gone() -> bool:
+        try:
+            core.read_namespaced_pod("bound-by-hand", namespace)
+        except ApiException as exc:
+            return bool(exc.status == 404)
+        return False
+
+    eventually(gone, what="kwok to finish the pod's deletion")
+
+
+def test_job_controller_creates_the_jobs_pods(devcluster: Devcluster, namespace: str) -> None:
+    template = pod_body("unused")
+    job = {
+        "metadata": {"name": "trainer"},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": 3,
+            "parallelism": 3,
+            "template": {"spec": {**template["spec"], "restartPolicy": "Never"}},
+        },
+    }
+    devcluster.batch().create_namespaced_job(namespace, job)
+
+    def pods() -> list[Any]:
+        items = devcluster.core().list_namespaced_pod(namespace, label_selector="job-name=trainer")
+        return items.items if len(items.items) == 3 else []
+
+    created = eventually(pods, what="the Job controller to create 3 pods")
+    indexes = sorted(
+        p.metadata.annotations["batch.kubernetes.io/job-completion-index"] for p in created
+    )
+    assert indexes == ["0", "1", "2"]
+    assert all(p.metadata.owner_references[0].kind == "Job" for p in created)
+
+
+def test_service_account_without_rbac_is_refused(devcluster: Devcluster, namespace: str) -> None:
+    core = devcluster.core()
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "nobody"}})
+    request = client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600)
+    )
+    token = core.create_namespaced_service_account_token("nobody", namespace, request).status.token
+
+    configuration = client.Configuration()
+    configuration.host = devcluster.handle.server
+    configuration.ssl_ca_cert = str(devcluster.handle.ca_cert)
+    configuration.api_key = {"authorization": f"Bearer {token}"}
+    with client.ApiClient(configuration) as as_sa:
+        who = client.AuthenticationV1Api(as_sa).create_self_subject_review({})
+        assert who.status.user_info.username == f"system:serviceaccount:{namespace}:nobody"
+        with pytest.raises(ApiException) as refused:
+            client.CoreV1Api(as_sa).list_namespaced_pod(namespace)
+    assert refused.value.status == 403
+
+
+def test_cli_up_status_down_leaves_no_process(tmp_path: Path, bin_dir: Path) -> None:
+    env = {**os.environ, "SHOAL_DEVCLUSTER_RUN_DIR": str(tmp_path / "run")}
+    cli = [sys.executable, "-m", "devcluster"]
+    kubeconfig = tmp_path / "kube" / "config"
+    up = subprocess.run(
+        [*cli, "up", "--kubeconfig-out", str(kubeconfig)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert up.returncode == 0, up.stderr
+    assert kubeconfig.is_file()
+    recorded = cluster.Cluster.load(tmp_path / "run")
+    try:
+        status = subprocess.run(
+            [*cli, "status"], env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+        assert status.returncode == 0, status.stdout + status.stderr
+        report = json.loads(status.stdout)
+        assert set(report["components"]) == {
+            "etcd",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kwok",
+        }
+        kubectl = subprocess.run(
+            [str(bin_dir / "kubectl"), "--kubeconfig", str(kubeconfig), "get", "--raw", "/readyz"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert kubectl.stdout.strip() == "ok", kubectl.stderr
+    finally:
+        down = subprocess.run(
+            [*cli, "down"], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+    assert down.returncode == 0, down.stderr
+    assert [p.name for p in recorded.procs if process.alive(p)] == []
+    assert not (tmp_path / "run" / cluster.STATE).exists()
+    # Nothing still listens on the API server's port.
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", recorded.ports["apiserver"]), timeout=1).close()
