@@ -11,7 +11,9 @@ import argparse
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -46,25 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = nodes.NodeSpec(count=args.nodes, gpus=8, prefix="demo-gpu", spot_fraction=0.5)
         created = nodes.create(str(c.kubeconfig), spec)
-        table = Table(title=f"{len(created)} kwok GPU nodes on a real control plane")
-        for column in ("node", "rack", "capacity", "GPUs", "NVLink islands"):
-            table.add_column(column)
-        for i, name in enumerate(created):
-            manifest = nodes.node_manifest(spec, i)
-            labels = manifest["metadata"]["labels"]
-            topo = gputopology.decode(
-                manifest["metadata"]["annotations"][names.GPU_TOPOLOGY_ANNOTATION]
-            )
-            islands = " ".join(
-                "[" + ",".join(map(str, sorted(m))) + "]" for m in topo.islands().values()
-            )
-            table.add_row(
-                name,
-                labels[names.RACK_LABEL],
-                labels[names.CAPACITY_TYPE_LABEL],
-                str(spec.gpus),
-                islands,
-            )
+        table = _node_table(str(c.kubeconfig), set(created))
         console.print(table)
         console.print(
             "[yellow]The elastic-training scenario is not built yet[/yellow]: it needs the Shoal "
@@ -79,6 +63,52 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             cluster.down(run_dir, say=lambda _m: None)
     return 0
+
+
+def _node_table(kubeconfig: str, wanted: set[str], timeout: float = 60) -> Table:
+    """The nodes as the API server has them, once kwok has marked every one Ready."""
+    from kubernetes import client, config
+
+    api = config.new_client_from_config(config_file=kubeconfig)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            items = [
+                n for n in client.CoreV1Api(api).list_node().items if n.metadata.name in wanted
+            ]
+            ready = [n for n in items if _is_ready(n)]
+            if len(ready) == len(wanted) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    finally:
+        api.close()
+    table = Table(title=f"{len(ready)}/{len(wanted)} kwok GPU nodes Ready on a real control plane")
+    for column in ("node", "rack", "capacity", "GPUs", "NVLink islands", "Ready"):
+        table.add_column(column)
+    for node in sorted(items, key=lambda n: str(n.metadata.name)):
+        labels = node.metadata.labels
+        raw = node.metadata.annotations.get(names.GPU_TOPOLOGY_ANNOTATION)
+        islands = (
+            " ".join(
+                "[" + ",".join(map(str, sorted(m))) + "]"
+                for m in gputopology.decode(raw).islands().values()
+            )
+            if raw
+            else "-"
+        )
+        table.add_row(
+            node.metadata.name,
+            labels.get(names.RACK_LABEL, "-"),
+            labels.get(names.CAPACITY_TYPE_LABEL, "-"),
+            node.status.allocatable.get(names.GPU_RESOURCE, "0"),
+            islands,
+            "yes" if _is_ready(node) else "no",
+        )
+    return table
+
+
+def _is_ready(node: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
 
 
 if __name__ == "__main__":

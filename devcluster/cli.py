@@ -69,22 +69,26 @@ def parser() -> argparse.ArgumentParser:
         default=os.environ.get("KUBECONFIG"),
         help="[env KUBECONFIG]; default: the run folder's admin kubeconfig",
     )
-    n.add_argument("--count", type=int, default=int(_env("SHOAL_NODES_COUNT", "4")))
-    n.add_argument("--gpus", type=int, default=int(_env("SHOAL_NODES_GPUS", "8")))
-    n.add_argument("--prefix", default=_env("SHOAL_NODES_PREFIX", "gpu"))
-    n.add_argument("--product", default=_env("SHOAL_NODES_PRODUCT", "NVIDIA-H100-80GB-HBM3"))
-    n.add_argument("--cpu", default=_env("SHOAL_NODES_CPU", "96"))
-    n.add_argument("--memory", default=_env("SHOAL_NODES_MEMORY", "1Ti"))
-    n.add_argument("--pods", type=int, default=int(_env("SHOAL_NODES_PODS", "110")))
-    n.add_argument("--zones", type=int, default=int(_env("SHOAL_NODES_ZONES", "1")))
-    n.add_argument("--racks-per-zone", type=int, default=int(_env("SHOAL_NODES_RACKS", "2")))
-    n.add_argument("--spot-fraction", type=float, default=float(_env("SHOAL_NODES_SPOT", "0")))
-    n.add_argument(
-        "--island-size",
-        type=int,
-        default=int(_env("SHOAL_NODES_ISLAND", "4")),
-        help="GPUs per NVLink island in the synthetic topology",
-    )
+
+    def flag(name: str, env: str, default: str, kind: type, text: str) -> None:
+        n.add_argument(
+            name,
+            type=kind,
+            default=kind(_env(env, default)),
+            help=f"{text} [env {env}] (default %(default)s)",
+        )
+
+    flag("--count", "SHOAL_NODES_COUNT", "4", int, "number of nodes")
+    flag("--gpus", "SHOAL_NODES_GPUS", "8", int, "nvidia.com/gpu per node (0 = CPU-only)")
+    flag("--prefix", "SHOAL_NODES_PREFIX", "gpu", str, "node name prefix")
+    flag("--product", "SHOAL_NODES_PRODUCT", "NVIDIA-H100-80GB-HBM3", str, "GPU product label")
+    flag("--cpu", "SHOAL_NODES_CPU", "96", str, "allocatable cpu")
+    flag("--memory", "SHOAL_NODES_MEMORY", "1Ti", str, "allocatable memory")
+    flag("--pods", "SHOAL_NODES_PODS", "110", int, "allocatable pods")
+    flag("--zones", "SHOAL_NODES_ZONES", "1", int, "zones")
+    flag("--racks-per-zone", "SHOAL_NODES_RACKS", "2", int, "racks in each zone")
+    flag("--spot-fraction", "SHOAL_NODES_SPOT", "0", float, "share of spot nodes in each rack")
+    flag("--island-size", "SHOAL_NODES_ISLAND", "4", int, "GPUs per NVLink island")
     n.add_argument("--no-topology", action="store_true", help="omit shoal.dev/gpu-topology")
     n.add_argument(
         "--no-kwok-taint",
@@ -98,36 +102,12 @@ def parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="extra node label (repeatable)",
     )
-    for action in n._actions:
-        if action.dest.startswith(
-            (
-                "count",
-                "gpus",
-                "prefix",
-                "product",
-                "cpu",
-                "memory",
-                "pods",
-                "zones",
-                "racks",
-                "spot",
-                "island",
-            )
-        ):
-            env = "SHOAL_NODES_" + {
-                "racks_per_zone": "RACKS",
-                "spot_fraction": "SPOT",
-                "island_size": "ISLAND",
-            }.get(action.dest, action.dest.upper())
-            action.help = (
-                f"{action.help + '; ' if action.help else ''}[env {env}] (default %(default)s)"
-            )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
     try:
+        args = parser().parse_args(argv)
         return _run(args)
     except DevclusterError as exc:
         print(f"devcluster: error: {exc}", file=sys.stderr)
