@@ -69,6 +69,9 @@ class Options:
     die_with_parent: bool = False
     controller_qps: int = 200
     controller_burst: int = 400
+    #: Client rate limits of the stock kube-scheduler (benchmarks set Shoal's to the same).
+    scheduler_qps: int = 5000
+    scheduler_burst: int = 5000
     ready_timeout: float = 120.0
 
 
@@ -239,7 +242,7 @@ def up(run_dir: Path, bin_dir: Path, options: Options = Options(), *, say: Say =
         _write_kwok_stages(bin_dir, run_dir)
         start("kwok", _kwok_argv(bin_dir, run_dir, ports))
         if options.kube_scheduler:
-            start("kube-scheduler", _scheduler_argv(bin_dir, run_dir, ports))
+            start("kube-scheduler", _scheduler_argv(bin_dir, run_dir, ports, options))
         default_sa = f"{server}/api/v1/namespaces/default/serviceaccounts/default"
         _wait(
             "the controller manager to create the default ServiceAccount",
@@ -282,6 +285,35 @@ def down(run_dir: Path, *, say: Say = _say) -> list[str]:
         (run_dir / STATE).unlink(missing_ok=True)
         shutil.rmtree(run_dir / "etcd-data", ignore_errors=True)
     return stubborn
+
+
+def restart(cluster: Cluster, name: str, *, say: Say = _say, timeout: float = 120) -> Cluster:
+    """Stop one component and start it again with the same command line and ports.
+
+    For fault-injection tests (an API server or etcd restart under load). Waits until the API
+    server answers ``/readyz`` again; the run folder's state records the new process.
+    """
+    index = next((i for i, p in enumerate(cluster.procs) if p.name == name), None)
+    if index is None:
+        raise NotRunningError(f"{name} is not a component of the devcluster in {cluster.run_dir}")
+    old = cluster.procs[index]
+    if not old.argv:
+        raise StartError(f"{name} was recorded without its command line; restart the cluster")
+    process.stop(old)
+    say(f"devcluster: restarting {name}")
+    new, _popen = process.spawn(
+        name, list(old.argv), Path(old.log), die_with_parent=old.die_with_parent
+    )
+    cluster.procs[index] = new
+    cluster.save()
+    tls = _tls_context(cluster.run_dir)
+    _wait(
+        "kube-apiserver /readyz after a restart",
+        lambda: _get(f"{cluster.server}/readyz", tls) == 200,
+        timeout,
+        cluster.procs,
+    )
+    return cluster
 
 
 def _versions(bin_dir: Path) -> dict[str, str]:
@@ -392,15 +424,28 @@ def _write_kwok_stages(bin_dir: Path, run_dir: Path) -> None:
     (run_dir / "kwok-stages.yaml").write_text(result.stdout)
 
 
-def _scheduler_argv(bin_dir: Path, run_dir: Path, ports: dict[str, int]) -> list[str]:
+def _scheduler_argv(
+    bin_dir: Path, run_dir: Path, ports: dict[str, int], options: Options
+) -> list[str]:
     kubeconfig = run_dir / "scheduler.kubeconfig"
+    configuration = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {
+            "kubeconfig": str(kubeconfig),
+            "qps": options.scheduler_qps,
+            "burst": options.scheduler_burst,
+        },
+        "leaderElection": {"leaderElect": False},
+    }
+    config_path = run_dir / "kube-scheduler.yaml"
+    config_path.write_text(json.dumps(configuration, indent=2) + "\n")
     return [
         str(bin_dir / "kube-scheduler"),
-        f"--kubeconfig={kubeconfig}",
+        f"--config={config_path}",
         f"--authentication-kubeconfig={kubeconfig}",
         f"--authorization-kubeconfig={kubeconfig}",
         "--bind-address=127.0.0.1",
         f"--secure-port={ports['scheduler']}",
-        "--leader-elect=false",
         "--v=1",
     ]

@@ -22,10 +22,14 @@ _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 @dataclass(frozen=True, slots=True)
 class Proc:
+    """A started component: enough to recognise it later and to start it again the same way."""
+
     name: str
     pid: int
     start_ticks: int
     log: str
+    argv: tuple[str, ...] = ()
+    die_with_parent: bool = False
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -33,14 +37,23 @@ class Proc:
             "pid": self.pid,
             "start_ticks": self.start_ticks,
             "log": self.log,
+            "argv": list(self.argv),
+            "die_with_parent": self.die_with_parent,
         }
 
     @staticmethod
     def from_json(raw: dict[str, object]) -> Proc:
-        pid, ticks = raw["pid"], raw["start_ticks"]
-        assert isinstance(pid, int)
-        assert isinstance(ticks, int)
-        return Proc(name=str(raw["name"]), pid=pid, start_ticks=ticks, log=str(raw["log"]))
+        pid, ticks, argv = raw["pid"], raw["start_ticks"], raw.get("argv", [])
+        if not (isinstance(pid, int) and isinstance(ticks, int) and isinstance(argv, list)):
+            raise ValueError(f"malformed process record in the devcluster state: {raw!r}")
+        return Proc(
+            name=str(raw["name"]),
+            pid=pid,
+            start_ticks=ticks,
+            log=str(raw["log"]),
+            argv=tuple(str(a) for a in argv),
+            die_with_parent=bool(raw.get("die_with_parent", False)),
+        )
 
 
 def _stat(pid: int) -> tuple[str, int] | None:
@@ -85,7 +98,15 @@ def spawn(
     stat = _stat(popen.pid)
     ticks = stat[1] if stat else 0
     _CHILDREN[popen.pid] = popen
-    return Proc(name=name, pid=popen.pid, start_ticks=ticks, log=str(log)), popen
+    proc = Proc(
+        name=name,
+        pid=popen.pid,
+        start_ticks=ticks,
+        log=str(log),
+        argv=tuple(argv),
+        die_with_parent=die_with_parent,
+    )
+    return proc, popen
 
 
 def stop(proc: Proc, *, grace: float = 10.0) -> bool:

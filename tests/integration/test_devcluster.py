@@ -18,7 +18,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from contracts import gputopology, names
-from devcluster import cluster, process
+from devcluster import cluster, nodes, process
 from tests.integration.conftest import Devcluster
 
 T = TypeVar("T")
@@ -202,3 +202,51 @@ def test_cli_up_status_down_leaves_no_process(tmp_path: Path, bin_dir: Path) -> 
     # Nothing still listens on the API server's port.
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", recorded.ports["apiserver"]), timeout=1).close()
+
+
+def test_stock_scheduler_runs_pods_and_restarts_keep_the_objects(
+    tmp_path: Path, bin_dir: Path
+) -> None:
+    """Benchmarks compare with the stock kube-scheduler; fault-injection tests restart
+    components, and what was stored must survive that."""
+    options = cluster.Options(die_with_parent=True, kube_scheduler=True)
+    handle = cluster.up(tmp_path / "run", bin_dir, options, say=lambda _m: None)
+    try:
+        api = client.ApiClient(_configuration(handle))
+        core = client.CoreV1Api(api)
+        nodes.create(str(handle.kubeconfig), nodes.NodeSpec(count=2, prefix="stock"))
+        core.create_namespace({"metadata": {"name": "survives"}})
+        core.create_namespaced_pod("survives", pod_body("by-stock", scheduler="default-scheduler"))
+
+        def running() -> Any:
+            pod = core.read_namespaced_pod("by-stock", "survives")
+            return pod if pod.status.phase == "Running" else None
+
+        placed = eventually(running, what="kube-scheduler to place the pod and kwok to run it")
+        assert placed.spec.node_name.startswith("stock-")
+        old_pids = {p.name: p.pid for p in handle.procs}
+        for name in ("etcd", "kube-apiserver"):
+            cluster.restart(handle, name, say=lambda _m: None)
+        new_pids = {p.name: p.pid for p in cluster.Cluster.load(tmp_path / "run").procs}
+        assert new_pids["etcd"] != old_pids["etcd"]
+        assert new_pids["kube-apiserver"] != old_pids["kube-apiserver"]
+        assert new_pids["kwok"] == old_pids["kwok"]
+
+        def still_there() -> bool:
+            try:
+                return bool(core.read_namespace("survives").metadata.name == "survives")
+            except (ApiException, OSError):
+                return False
+
+        eventually(still_there, what="the namespace to be served again after the restarts")
+        api.close()
+    finally:
+        assert cluster.down(tmp_path / "run", say=lambda _m: None) == []
+
+
+def _configuration(handle: cluster.Cluster) -> Any:
+    from kubernetes import config
+
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=str(handle.kubeconfig), client_configuration=configuration)
+    return configuration
