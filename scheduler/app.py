@@ -63,8 +63,11 @@ def run(settings: CliSettings) -> int:
         Settings(
             scheduler_name=name,
             bind_workers=workers,
-            config=Config(topology_keys=tuple(settings.topology_keys)),
+            config=Config(
+                topology_keys=tuple(settings.topology_keys), reclaim=bool(settings.reclaim)
+            ),
             max_backoff=float(settings.max_backoff),
+            reclaim_grace=float(settings.reclaim_grace),
         ),
         metrics,
     )

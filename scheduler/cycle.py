@@ -9,6 +9,8 @@ The story of a cycle:
    placed (no member ever waits bound for the rest of its gang: no Permit-style holding).
 3. Surplus: then, and only if no other gang's minimum could be placed on what is left, place
    pending members one at a time up to the maximum, preferring spot capacity.
+4. Reclaim: when a complete minimum does not fit, choose the fewest victims that make it fit
+   (surplus first, see :mod:`scheduler.reclaim`) and the nodes to hold for the gang meanwhile.
 
 The caller binds what the decision says (after assuming it in the cache) and reports the
 ``Unschedulable`` status to the gang's pods; it records success or failure in the queue.
@@ -16,12 +18,22 @@ The caller binds what the decision says (after assuming it in the cache) and rep
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from contracts import names
+from scheduler import reclaim
 from scheduler.cache import Snapshot
-from scheduler.model import Assignment, Gang, NodeName, PodRequest, Unschedulable
+from scheduler.model import (
+    Assignment,
+    Gang,
+    GangKey,
+    NodeName,
+    PodKey,
+    PodRequest,
+    Resources,
+    Unschedulable,
+)
 from scheduler.placement import Request, place
 from scheduler.placement.score import DEFAULT_WEIGHTS, Weights
 from scheduler.queue import GangQueue
@@ -31,6 +43,8 @@ from scheduler.queue import GangQueue
 class Config:
     topology_keys: tuple[str, ...] = names.DEFAULT_TOPOLOGY_KEYS
     weights: Weights = field(default=DEFAULT_WEIGHTS)
+    #: Ask surplus (then lower-priority gangs) to leave when a gang's minimum cannot fit.
+    reclaim: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +54,8 @@ class Decision:
     ``bindings`` lists the minimum quorum first (``min_count`` of them), then surplus members.
     ``unschedulable`` says why the minimum could not be placed (``None`` when it was, or was
     already met). ``surplus_held`` is true when surplus members waited because another gang's
-    minimum fits in the room they would take.
+    minimum fits in the room they would take. ``victims`` are the pods to ask to leave so that
+    the minimum fits, at ``nominated`` (room to hold for this gang until it binds).
     """
 
     gang: Gang
@@ -48,6 +63,8 @@ class Decision:
     min_count: int = 0
     unschedulable: Unschedulable | None = None
     surplus_held: bool = False
+    victims: tuple[PodKey, ...] = ()
+    nominated: tuple[Assignment, ...] = ()
 
     @property
     def progressed(self) -> bool:
@@ -129,6 +146,30 @@ def decide(gang: Gang, others: Iterable[Gang], snapshot: Snapshot, config: Confi
     return Decision(gang, tuple(bindings), min_count, surplus_held=held)
 
 
+def _reclaim(
+    decision: Decision, gangs: Sequence[Gang], snapshot: Snapshot, config: Config, leaving: int
+) -> Decision:
+    gang = decision.gang
+    assert decision.unschedulable is not None
+    if leaving:
+        why = decision.unschedulable
+        return replace(
+            decision,
+            unschedulable=Unschedulable(
+                why.nodes_total,
+                why.reasons,
+                f"waiting for {leaving} pod(s) asked to leave to make room for gang {gang.name};",
+            ),
+        )
+    if not config.reclaim:
+        return decision
+    pods = list(gang.pending)[: gang.min_missing]
+    found = reclaim.plan(gang, gangs, snapshot, _request(gang, pods, config, surplus=False))
+    if found is None:
+        return decision
+    return replace(decision, victims=found.victims, nominated=found.placement.assignments)
+
+
 def _min_fits(others: Iterable[Gang], gang: Gang, snapshot: Snapshot, config: Config) -> bool:
     for other in others:
         if other.key == gang.key or not min_waiting(other):
@@ -141,17 +182,34 @@ def _min_fits(others: Iterable[Gang], gang: Gang, snapshot: Snapshot, config: Co
 
 
 def run_cycle(
-    gangs: Sequence[Gang], queue: GangQueue, snapshot: Snapshot, now: float, config: Config
+    gangs: Sequence[Gang],
+    queue: GangQueue,
+    snapshot: Snapshot,
+    now: float,
+    config: Config,
+    *,
+    reserved: Mapping[GangKey, Sequence[tuple[NodeName, Resources]]] | None = None,
+    leaving: Mapping[GangKey, int] | None = None,
 ) -> Decision | None:
     """Decide for the first ready gang with work and record the outcome in ``queue``.
 
-    Returns ``None`` when no gang is ready to be tried at ``now``.
+    ``reserved`` is room held for gangs whose victims are leaving (charged for every other
+    gang); ``leaving`` counts, per gang, the victims asked to leave for it that are still there
+    (no new victims are chosen for such a gang). Returns ``None`` when no gang is ready at
+    ``now``.
     """
+    reserved = reserved or {}
+    leaving = leaving or {}
     working = [g for g in gangs if has_work(g)]
     # Minimums first (in queue order), surplus after: growth never delays someone's quorum.
     ready = sorted(queue.ordered(working, now), key=lambda g: g.min_missing == 0)
     for gang in ready:
-        decision = decide(gang, working, snapshot, config)
+        view = snapshot.with_reserved(
+            r for key, held in reserved.items() if key != gang.key for r in held
+        )
+        decision = decide(gang, working, view, config)
+        if decision.unschedulable is not None and min_waiting(gang):
+            decision = _reclaim(decision, gangs, view, config, leaving.get(gang.key, 0))
         if decision.unschedulable is None and decision.progressed:
             queue.succeeded(gang.key)
         else:

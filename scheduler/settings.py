@@ -66,6 +66,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("http-host", "0.0.0.0", str, "address of /healthz, /readyz, /metrics"),  # noqa: S104
     Option("http-port", 10260, int, "port of /healthz, /readyz, /metrics (0: any free port)"),
     Option("max-backoff", 10.0, float, "longest wait, in seconds, before retrying a gang"),
+    Option(
+        "reclaim-grace",
+        30.0,
+        float,
+        "seconds between asking a reclaimed pod to leave (shoal.dev/leave-by) and evicting it",
+    ),
+    Option("reclaim", True, _bool, "reclaim surplus and lower-priority gangs for waiting gangs"),
     Option("leader-elect", False, _bool, "run for leadership on a Lease; standby otherwise"),
     Option("lease-namespace", "kube-system", str, "namespace of the leader-election Lease"),
     Option("lease-name", "", str, "name of the Lease (default: the scheduler name)"),

@@ -16,6 +16,6 @@ Per-node aggregates are kept up to date on every change, so a snapshot costs a d
 not a pass over every pod.
 """
 
-from scheduler.cache.cache import Cache, Snapshot
+from scheduler.cache.cache import Cache, Snapshot, node_state
 
-__all__ = ["Cache", "Snapshot"]
+__all__ = ["Cache", "Snapshot", "node_state"]

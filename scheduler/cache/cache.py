@@ -42,6 +42,40 @@ class Snapshot:
             nodes[a.node] = NodeState(state.node, state.requested + pod.requests, islands)
         return Snapshot(nodes, pods, self.pod_groups)
 
+    def with_reserved(self, reserved: Iterable[tuple[NodeName, Resources]]) -> Snapshot:
+        """The snapshot with room held on nodes (for a gang whose victims are leaving)."""
+        nodes = dict(self.nodes)
+        changed = False
+        for name, amount in reserved:
+            state = nodes.get(name)
+            if state is None:
+                continue
+            islands = state.islands
+            if islands is not None:
+                islands = topology.take(islands, amount.gpu)
+            nodes[name] = NodeState(state.node, state.requested + amount, islands)
+            changed = True
+        return Snapshot(nodes, self.pods, self.pod_groups) if changed else self
+
+    def without(self, keys: Iterable[PodKey]) -> Snapshot:
+        """The snapshot as if the pods ``keys`` had left their nodes."""
+        gone = set(keys)
+        touched = {self.pods[k].node for k in gone if k in self.pods}
+        touched.discard(None)
+        if not touched:
+            return self
+        nodes = dict(self.nodes)
+        staying: dict[NodeName, list[PodRequest]] = {n: [] for n in touched if n is not None}
+        for pod in self.pods.values():
+            if pod.node in staying and pod.key not in gone and pod.holds_resources:
+                staying[pod.node].append(pod)
+        for name, pods in staying.items():
+            if name in nodes:
+                nodes[name] = node_state(nodes[name].node, pods)
+        return Snapshot(
+            nodes, {k: p for k, p in self.pods.items() if k not in gone}, self.pod_groups
+        )
+
 
 class Cache:
     def __init__(self, *, assume_ttl: float = 60.0) -> None:
@@ -181,13 +215,18 @@ class Cache:
                 self._states.pop(node, None)
 
     def _state(self, node: Node) -> NodeState:
-        pods = self._on_node.get(node.name, {})
-        requested = Resources()
-        for pod in pods.values():
-            requested = requested + pod.requests
-        islands = None
-        if node.gpu_topology is not None:
-            islands = topology.free_islands(
-                node.gpu_topology, ((str(k), p.requests.gpu) for k, p in sorted(pods.items()))
-            )
-        return NodeState(node, requested, islands)
+        return node_state(node, self._on_node.get(node.name, {}).values())
+
+
+def node_state(node: Node, pods: Iterable[PodRequest]) -> NodeState:
+    """A node with ``pods`` (the ones holding resources on it) charged."""
+    ordered = sorted(pods, key=lambda p: p.key)
+    requested = Resources()
+    for pod in ordered:
+        requested = requested + pod.requests
+    islands = None
+    if node.gpu_topology is not None:
+        islands = topology.free_islands(
+            node.gpu_topology, ((str(p.key), p.requests.gpu) for p in ordered)
+        )
+    return NodeState(node, requested, islands)

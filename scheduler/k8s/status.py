@@ -18,8 +18,9 @@ import structlog
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from contracts import names
 from scheduler.k8s.client import TokenBucket
-from scheduler.model import Gang, InvalidGang, NodeName, PodPhase, PodRequest
+from scheduler.model import Gang, GangKey, InvalidGang, NodeName, PodPhase, PodRequest
 
 log = structlog.get_logger("scheduler.status")
 
@@ -53,6 +54,49 @@ class ApiBinder:
         except ApiException as exc:
             return f"{exc.status} {exc.reason}: {_api_message(exc)}"
         return None
+
+    def ask_to_leave(self, pod: PodRequest, leave_by: float, gang: GangKey) -> str | None:
+        body = {
+            "metadata": {
+                "annotations": {
+                    names.LEAVE_BY_ANNOTATION: _rfc3339(leave_by),
+                    names.RECLAIMED_FOR_ANNOTATION: gang,
+                }
+            }
+        }
+        self._limiter.acquire()
+        try:
+            self._core.patch_namespaced_pod(
+                pod.name,
+                pod.namespace,
+                body,
+                _content_type="application/merge-patch+json",
+                _preload_content=False,
+            )
+        except ApiException as exc:
+            return f"{exc.status} {exc.reason}: {_api_message(exc)}"
+        return None
+
+    def evict(self, pod: PodRequest) -> str | None:
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": pod.name, "namespace": pod.namespace},
+        }
+        self._limiter.acquire()
+        try:
+            self._core.create_namespaced_pod_eviction(
+                pod.name, pod.namespace, body, _preload_content=False
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None  # already gone
+            return f"{exc.status} {exc.reason}: {_api_message(exc)}"
+        return None
+
+
+def _rfc3339(when: float) -> str:
+    return datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _api_message(exc: ApiException) -> str:
@@ -109,6 +153,13 @@ class ApiReporter:
     def bind_failed(self, pod: PodRequest, node: NodeName, error: str) -> None:
         message = f"Binding to {node} failed: {error}"
         self._submit(self._pod_event, pod, "Warning", "FailedBinding", message)
+
+    def asked_to_leave(self, pod: PodRequest, gang: Gang, leave_by: float) -> None:
+        message = (
+            f"Asked to leave by {_rfc3339(leave_by)} (annotation {names.LEAVE_BY_ANNOTATION}) "
+            f"to make room for gang {gang.key} (priority {gang.priority}); evicted then"
+        )
+        self._submit(self._pod_event, pod, "Warning", "Reclaimed", message)
 
     def invalid(self, gang: InvalidGang) -> None:
         message = f"Gang {gang.key} is not valid: {gang.message}"

@@ -69,6 +69,15 @@ def pod_group_crd(devcluster: Devcluster) -> None:
     eventually(established, what="the PodGroup CRD to be established")
 
 
+def ensure_priority_class(devcluster: Devcluster, name: str, value: int) -> None:
+    scheduling = client.SchedulingV1Api(devcluster.api)
+    try:
+        scheduling.create_priority_class({"metadata": {"name": name}, "value": value})
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -5,11 +5,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-
 from tests.integration.conftest import Devcluster
-from tests.integration.scheduler.conftest import Pods, Pool, SchedulerProcess, eventually
+from tests.integration.scheduler.conftest import (
+    Pods,
+    Pool,
+    SchedulerProcess,
+    ensure_priority_class,
+    eventually,
+)
 
 
 def test_competing_gangs_one_bound_whole_other_waits_then_follows(
@@ -49,12 +52,7 @@ def test_higher_priority_gang_wins_over_an_older_one(
     pods: Pods,
     start_scheduler: Callable[..., SchedulerProcess],
 ) -> None:
-    scheduling = client.SchedulingV1Api(devcluster.api)
-    try:
-        scheduling.create_priority_class({"metadata": {"name": "shoal-test-high"}, "value": 100000})
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
+    ensure_priority_class(devcluster, "shoal-test-high", 100000)
     pool.add(1, gpus=8)
     old = pods.gang("old-low", 2, gpus=4)
     time.sleep(1.1)

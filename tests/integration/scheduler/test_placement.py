@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from contracts import names
-from tests.integration.scheduler.conftest import Pods, Pool, SchedulerProcess, eventually
+from tests.integration.scheduler.conftest import (
+    Pods,
+    Pool,
+    SchedulerProcess,
+    ensure_priority_class,
+    eventually,
+)
 
 
 def test_elastic_gang_gets_its_minimum_then_grows_when_nodes_are_added(
@@ -83,3 +89,35 @@ def test_four_gpu_pod_lands_on_a_free_nvlink_island_not_on_scattered_gpus(
     node = eventually(lambda: pods.node_of(pod), what="the 4-GPU pod to be bound")
     assert node == island
     assert node != scattered
+
+
+def test_elastic_gang_shrinks_for_a_higher_priority_gang_never_below_its_minimum(
+    pool: Pool, pods: Pods, start_scheduler: Callable[..., SchedulerProcess]
+) -> None:
+    ensure_priority_class(pods.devcluster, "shoal-test-high", 100000)
+    pool.add(4, gpus=8)
+    members = pods.gang("elastic", 4, gpus=8, min_member=2, max_member=4)
+    start_scheduler("--reclaim-grace", "3")
+    eventually(lambda: len(pods.bound(members)) == 4, what="the elastic gang at its maximum")
+
+    urgent = pods.gang("urgent", 2, gpus=8, priority_class="shoal-test-high")
+    asked: set[str] = set()
+    lowest = 4
+
+    def urgent_bound() -> bool:
+        nonlocal lowest
+        for pod in pods.all():
+            notes = pod.metadata.annotations or {}
+            if pod.metadata.name in members and names.LEAVE_BY_ANNOTATION in notes:
+                asked.add(pod.metadata.name)
+                assert notes[names.RECLAIMED_FOR_ANNOTATION].endswith("/urgent")
+        lowest = min(lowest, len(pods.bound(members)))
+        return len(pods.bound(urgent)) == 2
+
+    eventually(urgent_bound, what="the high-priority gang to take the surplus room")
+    assert lowest >= 2  # never below the minimum while members were bound
+    assert len(pods.bound(members)) == 2
+    assert asked == {"elastic-2", "elastic-3"}  # the youngest surplus members, and only them
+    reclaimed = [e for e in pods.events("elastic-3") if e.reason == "Reclaimed"]
+    assert reclaimed
+    assert "to make room for gang" in reclaimed[0].message
