@@ -55,7 +55,9 @@ def run(settings: CliSettings) -> int:
     cache = Cache()
     metrics = Metrics()
     name = str(settings.scheduler_name)
-    reporter = ApiReporter(api, limiter, name)
+    # Events and conditions get their own budget (as kube-scheduler's event client does), so
+    # telling users about a decision never slows down carrying it out.
+    reporter = ApiReporter(api, TokenBucket(float(settings.qps), int(settings.burst)), name)
     runner = Runner(
         cache,
         ApiBinder(api, limiter),

@@ -175,6 +175,8 @@ class PodRequest:
     affinity: tuple[SelectorTerm, ...] = ()
     tolerations: tuple[Toleration, ...] = ()
     deleting: bool = False
+    #: ``spec.schedulingGates`` is not empty: nobody may schedule the pod yet.
+    gated: bool = False
 
     @property
     def finished(self) -> bool:
@@ -205,14 +207,17 @@ class Gang:
     topology_preferred: str | None = None
     #: Set when the gang comes from a PodGroup object (``namespace/name``); ``None`` for labels.
     pod_group: str | None = None
+    #: Members bound (or assumed) to a node, and members waiting for one; derived.
+    bound: tuple[PodRequest, ...] = field(init=False, compare=False)
+    pending: tuple[PodRequest, ...] = field(init=False, compare=False)
 
-    @property
-    def bound(self) -> tuple[PodRequest, ...]:
-        return tuple(p for p in self.members if p.node is not None)
-
-    @property
-    def pending(self) -> tuple[PodRequest, ...]:
-        return tuple(p for p in self.members if p.node is None and not p.deleting)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bound", tuple(p for p in self.members if p.node is not None))
+        object.__setattr__(
+            self,
+            "pending",
+            tuple(p for p in self.members if p.node is None and not p.deleting and not p.gated),
+        )
 
     @property
     def min_missing(self) -> int:
@@ -297,21 +302,21 @@ class NodeState:
 
     ``islands`` is the number of free GPUs in each NVLink island (``None`` when the node has no
     ``shoal.dev/gpu-topology``); see :mod:`scheduler.topology` for how it is accounted.
+    ``free`` is computed once: allocatable minus requested, with GPUs capped by the islands.
     """
 
     node: Node
     requested: Resources
     islands: tuple[int, ...] | None = None
+    free: Resources = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        free = self.node.allocatable - self.requested
+        if self.islands is not None:
+            gpu = min(free.gpu, sum(self.islands))
+            free = Resources(free.cpu_milli, free.memory, gpu, free.pods)
+        object.__setattr__(self, "free", free)
 
     @property
     def name(self) -> NodeName:
         return self.node.name
-
-    @property
-    def free(self) -> Resources:
-        free = self.node.allocatable - self.requested
-        if self.islands is not None:
-            free = Resources(
-                free.cpu_milli, free.memory, min(free.gpu, sum(self.islands)), free.pods
-            )
-        return free

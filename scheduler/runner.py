@@ -15,7 +15,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -25,7 +25,7 @@ import structlog
 from contracts import names
 from scheduler.cache import Cache
 from scheduler.cycle import Config, Decision, has_work, run_cycle
-from scheduler.gang import build_gangs
+from scheduler.gang import GangBuilder
 from scheduler.metrics import Metrics
 from scheduler.model import (
     Assignment,
@@ -99,6 +99,7 @@ class Runner:
         metrics: Metrics | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        executor: Executor | None = None,
     ) -> None:
         self.cache = cache
         self.binder = binder
@@ -111,12 +112,13 @@ class Runner:
         self._clock = clock
         self._wakeup = threading.Event()
         self._freed = threading.Event()
-        self._binds = ThreadPoolExecutor(
+        self._binds = executor or ThreadPoolExecutor(
             max_workers=max(1, settings.bind_workers), thread_name_prefix="bind"
         )
         self._cycle = 0
         self._last_status = 0.0
         self._invalid_seen: dict[str, str] = {}
+        self._gangs = GangBuilder(settings.scheduler_name)
         # Reclaim state: victim -> (the gang it makes room for, when to evict it), the pods
         # being evicted now, and the room held per gang (until it binds or the hold expires).
         self._victims: dict[PodKey, tuple[GangKey, float]] = {}
@@ -152,7 +154,7 @@ class Runner:
                 self._wakeup.wait(wait)
 
     def close(self) -> None:
-        self._binds.shutdown(wait=True, cancel_futures=False)
+        self._binds.shutdown(wait=True)
 
     # -- one cycle ---------------------------------------------------------------------------------
     def run_once(self) -> tuple[Decision | None, float | None]:
@@ -166,9 +168,7 @@ class Runner:
         for key in self.cache.expire(now):
             log.warning("assume_expired", pod=key)
         snapshot = self.cache.snapshot()
-        gangs, invalid = build_gangs(
-            snapshot.pods.values(), snapshot.pod_groups, self.settings.scheduler_name
-        )
+        gangs, invalid = self._gangs.build(snapshot.pods.values(), snapshot.pod_groups)
         self._report_invalid(invalid)
         self.queue.prune(g.key for g in gangs)
         if now - self._last_status >= self.settings.status_interval:

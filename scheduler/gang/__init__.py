@@ -5,7 +5,7 @@ members, priority, age, topology constraints) and :class:`~scheduler.model.Inval
 whose messages name the offending field. A pod without a gang is a gang of one.
 """
 
-from scheduler.gang.build import build_gangs
+from scheduler.gang.build import GangBuilder, build_gangs
 from scheduler.gang.parse import CountError, parse_count
 
-__all__ = ["CountError", "build_gangs", "parse_count"]
+__all__ = ["CountError", "GangBuilder", "build_gangs", "parse_count"]

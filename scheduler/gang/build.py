@@ -42,24 +42,56 @@ def build_gangs(
 
     ``pod_groups`` maps ``namespace/name`` to the PodGroup objects that exist.
     """
-    members: dict[GangKey, list[PodRequest]] = defaultdict(list)
-    source: dict[GangKey, str | None] = {}
-    for pod in pods:
-        if pod.finished:
-            continue
-        key, group = gang_of(pod)
-        members[key].append(pod)
-        source[key] = group
+    return GangBuilder(scheduler_name).build(pods, pod_groups)
 
-    gangs: list[Gang] = []
-    invalid: list[InvalidGang] = []
-    for key, pods_of_gang in members.items():
-        if not any(p.scheduler_name == scheduler_name for p in pods_of_gang):
-            continue
-        pods_of_gang.sort(key=lambda p: (p.created, p.name))
-        result = _one(key, tuple(pods_of_gang), source[key], pod_groups, scheduler_name)
-        (gangs if isinstance(result, Gang) else invalid).append(result)  # type: ignore[arg-type]
-    return gangs, invalid
+
+class GangBuilder:
+    """``build_gangs`` that remembers its results: a gang whose member objects and PodGroup are
+    the very same objects as last time is not rebuilt (cycles differ by a few pods)."""
+
+    def __init__(self, scheduler_name: str) -> None:
+        self.scheduler_name = scheduler_name
+        self._memo: dict[GangKey, tuple[tuple[PodRequest, ...], object, Gang | InvalidGang]] = {}
+
+    def build(
+        self, pods: Iterable[PodRequest], pod_groups: Mapping[str, PodGroup]
+    ) -> tuple[list[Gang], list[InvalidGang]]:
+        members: dict[GangKey, list[PodRequest]] = defaultdict(list)
+        source: dict[GangKey, str | None] = {}
+        for pod in pods:
+            if pod.finished:
+                continue
+            key, group = gang_of(pod)
+            members[key].append(pod)
+            source[key] = group
+
+        gangs: list[Gang] = []
+        invalid: list[InvalidGang] = []
+        memo: dict[GangKey, tuple[tuple[PodRequest, ...], object, Gang | InvalidGang]] = {}
+        for key, pods_of_gang in members.items():
+            if not any(p.scheduler_name == self.scheduler_name for p in pods_of_gang):
+                continue
+            pods_of_gang.sort(key=lambda p: (p.created, p.name))
+            ordered = tuple(pods_of_gang)
+            ref = source[key]
+            group_obj = pod_groups.get(ref) if ref is not None else None
+            old = self._memo.get(key)
+            if (
+                old is not None
+                and old[1] is group_obj
+                and len(old[0]) == len(ordered)
+                and all(a is b for a, b in zip(old[0], ordered, strict=True))
+            ):
+                result = old[2]
+            else:
+                result = _one(key, ordered, ref, pod_groups, self.scheduler_name)
+            memo[key] = (ordered, group_obj, result)
+            if isinstance(result, Gang):
+                gangs.append(result)
+            else:
+                invalid.append(result)
+        self._memo = memo
+        return gangs, invalid
 
 
 def _one(

@@ -178,6 +178,7 @@ def pod(raw: Mapping[str, Any]) -> PodRequest:
             for t in spec.get("tolerations") or []
         ),
         deleting=bool(meta.get("deletionTimestamp")),
+        gated=bool(spec.get("schedulingGates")),
     )
 
 

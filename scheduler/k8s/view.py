@@ -78,8 +78,10 @@ class ClusterView:
             self._wake(True)
             return
         self._cache.set_pod(pod)
-        # A new pod may complete a gang; a finished one frees its node.
-        self._wake(kind == "ADDED" or pod.finished or pod.deleting)
+        # A new pod may complete a gang; a finished or leaving one frees its node. Other updates
+        # (a binding confirmed, a pod now Running) give the loop nothing new to do.
+        if kind == "ADDED" or pod.finished or pod.deleting:
+            self._wake(True)
 
     # -- nodes -----------------------------------------------------------------------------------
     def _nodes_listed(self, items: list[dict[str, Any]]) -> None:

@@ -177,11 +177,15 @@ def _tightest_first(
     """Domains whose free total covers ``need``, the one with the least room left first."""
     sized: list[tuple[int, int, str, set[NodeName]]] = []
     for value, group in groups.items():
-        free = Resources()
+        cpu = memory = gpu = pods = 0
         for name in group:
-            free = free + nodes[name].free
-        if free.covers(need):
-            sized.append((free.gpu - need.gpu, free.cpu_milli, value, group))
+            free = nodes[name].free
+            cpu += free.cpu_milli
+            memory += free.memory
+            gpu += free.gpu
+            pods += free.pods
+        if Resources(cpu, memory, gpu, pods).covers(need):
+            sized.append((gpu - need.gpu, cpu, value, group))
     sized.sort(key=lambda item: (item[0], item[1], item[2]))
     return [(value, group) for _, _, value, group in sized]
 

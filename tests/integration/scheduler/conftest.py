@@ -94,12 +94,13 @@ class SchedulerProcess:
     extra: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
     port: int = 0
-    starts: int = 0
+    logs: list[Path] = field(default_factory=list)
 
     def start(self) -> SchedulerProcess:
         self.port = _free_port()
-        self.starts += 1
-        log = (self.log_dir / f"{self.name}-{self.starts}.log").open("wb")
+        path = self.log_dir / f"{self.name}-{uuid.uuid4().hex[:6]}.log"
+        self.logs.append(path)
+        log = path.open("wb")
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -160,7 +161,7 @@ class SchedulerProcess:
 
     def log_lines(self) -> list[dict[str, Any]]:
         lines = []
-        for path in sorted(self.log_dir.glob(f"{self.name}-*.log")):
+        for path in self.logs:
             for line in path.read_text(errors="replace").splitlines():
                 if line.startswith("{"):
                     lines.append(json.loads(line))

@@ -172,3 +172,26 @@ def test_health_ready_and_metrics_endpoints(
     assert "shoal_scheduler_gang_decision_seconds_count" in text
     cycles = [line for line in scheduler.log_lines() if line.get("event") == "cycle"]
     assert any(c["gang"].endswith("pod:measured") and c["placed_min"] == 1 for c in cycles)
+
+
+def test_two_replicas_one_leads_and_the_standby_takes_over_when_it_dies(
+    pool: Pool, pods: Pods, start_scheduler: Callable[..., SchedulerProcess]
+) -> None:
+    pool.add(1, gpus=8)
+    flags = ("--leader-elect", "true", "--lease-namespace", pods.namespace)
+    first = start_scheduler(*flags)
+    eventually(lambda: first.get("/readyz") == (200, "leader\n"), what="a leader")
+    second = start_scheduler(*flags)
+    assert second.get("/readyz") == (200, "standby\n")
+    one = pods.create("one")
+    eventually(lambda: pods.node_of(one), what="the leader to bind a pod")
+    assert not [line for line in second.log_lines() if line.get("event") == "cycle"]
+
+    first.kill()
+    eventually(
+        lambda: second.get("/readyz") == (200, "leader\n"),
+        timeout=120,
+        what="the standby to take the Lease",
+    )
+    two = pods.create("two")
+    eventually(lambda: pods.node_of(two), what="the new leader to bind a pod")

@@ -248,3 +248,14 @@ def test_cycles_never_leave_a_gang_partially_bound_or_a_node_overbooked(
     assert all(v <= 8 for v in used.values())
     assert all(s.free.covers(Resources()) for s in snap.nodes.values())
     assert GIB > 0
+
+
+def test_gated_pods_are_not_scheduled_and_hold_their_gang_back() -> None:
+    nodes = [node("n0")]
+    gated = replace(pod("g1", gang="g", min_member="2"), gated=True)
+    snap = snapshot(nodes, [pod("g0", gang="g", min_member="2"), gated, pod("plain", created=5)])
+    queue = GangQueue()
+    first = cycle(snap, queue)
+    assert first is not None
+    assert first.bindings == ()
+    assert bound(cycle(snap, queue)) == {"plain": "n0"}
