@@ -49,6 +49,8 @@ SPOT_LABELS: Final = (
 REVOKING_TAINT: Final = "shoal.dev/revoking"
 REVOCATION_ANNOTATION: Final = "shoal.dev/revocation"
 LEAVE_BY_ANNOTATION: Final = "shoal.dev/leave-by"
+#: Set with ``shoal.dev/leave-by`` when the scheduler reclaims a pod: the gang it makes room for.
+RECLAIMED_FOR_ANNOTATION: Final = "shoal.dev/reclaimed-for"
 
 # kwok's convention for fake nodes (shared with kwokctl, so anyone's test nodes work).
 KWOK_NODE_ANNOTATION: Final = "kwok.x-k8s.io/node"

@@ -1,0 +1,22 @@
+"""``python -m scheduler --kubeconfig PATH [--config FILE]``; see ``--help`` for every option."""
+
+from __future__ import annotations
+
+import sys
+
+from scheduler.settings import SettingsError, resolve
+
+
+def main() -> int:
+    try:
+        settings = resolve()
+    except SettingsError as exc:
+        print(f"python -m scheduler: {exc}", file=sys.stderr)
+        return 2
+    from scheduler.app import run
+
+    return run(settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""Cache with assume/forget and cheap snapshots; see the package docstring for the state machine."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from scheduler import topology
+from scheduler.model import (
+    Assignment,
+    Node,
+    NodeName,
+    NodeState,
+    PodGroup,
+    PodKey,
+    PodRequest,
+    Resources,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One consistent view: node states with bound and assumed pods charged, every pod, groups."""
+
+    nodes: Mapping[NodeName, NodeState]
+    pods: Mapping[PodKey, PodRequest]
+    pod_groups: Mapping[str, PodGroup]
+
+    def with_assignments(self, assignments: Iterable[Assignment]) -> Snapshot:
+        """The snapshot after binding ``assignments`` (used inside one cycle)."""
+        nodes = dict(self.nodes)
+        pods = dict(self.pods)
+        for a in assignments:
+            pod = dataclasses.replace(pods[a.pod], node=a.node)
+            pods[a.pod] = pod
+            state = nodes[a.node]
+            islands = state.islands
+            if islands is not None:
+                islands = topology.take(islands, pod.requests.gpu)
+            nodes[a.node] = NodeState(state.node, state.requested + pod.requests, islands)
+        return Snapshot(nodes, pods, self.pod_groups)
+
+    def with_reserved(self, reserved: Iterable[tuple[NodeName, Resources]]) -> Snapshot:
+        """The snapshot with room held on nodes (for a gang whose victims are leaving)."""
+        nodes = dict(self.nodes)
+        changed = False
+        for name, amount in reserved:
+            state = nodes.get(name)
+            if state is None:
+                continue
+            islands = state.islands
+            if islands is not None:
+                islands = topology.take(islands, amount.gpu)
+            nodes[name] = NodeState(state.node, state.requested + amount, islands)
+            changed = True
+        return Snapshot(nodes, self.pods, self.pod_groups) if changed else self
+
+    def without(self, keys: Iterable[PodKey]) -> Snapshot:
+        """The snapshot as if the pods ``keys`` had left their nodes."""
+        gone = set(keys)
+        touched = {self.pods[k].node for k in gone if k in self.pods}
+        touched.discard(None)
+        if not touched:
+            return self
+        nodes = dict(self.nodes)
+        staying: dict[NodeName, list[PodRequest]] = {n: [] for n in touched if n is not None}
+        for pod in self.pods.values():
+            if pod.node in staying and pod.key not in gone and pod.holds_resources:
+                staying[pod.node].append(pod)
+        for name, pods in staying.items():
+            if name in nodes:
+                nodes[name] = node_state(nodes[name].node, pods)
+        return Snapshot(
+            nodes, {k: p for k, p in self.pods.items() if k not in gone}, self.pod_groups
+        )
+
+
+class Cache:
+    def __init__(self, *, assume_ttl: float = 60.0) -> None:
+        self._lock = threading.Lock()
+        self._assume_ttl = assume_ttl
+        self._nodes: dict[NodeName, Node] = {}
+        self._pods: dict[PodKey, PodRequest] = {}  # as the API server last told us
+        self._assumed: dict[PodKey, tuple[NodeName, float]] = {}  # node, deadline
+        self._on_node: dict[NodeName, dict[PodKey, PodRequest]] = {}
+        self._states: dict[NodeName, NodeState] = {}
+        self._groups: dict[str, PodGroup] = {}
+
+    # -- nodes ---------------------------------------------------------------------------------
+    def set_node(self, node: Node) -> None:
+        with self._lock:
+            self._nodes[node.name] = node
+            self._states.pop(node.name, None)
+
+    def remove_node(self, name: NodeName) -> None:
+        with self._lock:
+            self._nodes.pop(name, None)
+            self._states.pop(name, None)
+
+    def replace_nodes(self, nodes: Iterable[Node]) -> None:
+        """After a relist: exactly these nodes exist."""
+        with self._lock:
+            self._nodes = {n.name: n for n in nodes}
+            self._states.clear()
+
+    # -- pods ----------------------------------------------------------------------------------
+    def set_pod(self, pod: PodRequest) -> None:
+        with self._lock:
+            self._set_pod(pod)
+
+    def remove_pod(self, key: PodKey) -> None:
+        with self._lock:
+            self._detach(key)
+            self._pods.pop(key, None)
+            self._assumed.pop(key, None)
+
+    def replace_pods(self, pods: Iterable[PodRequest]) -> None:
+        """After a relist: exactly these pods exist (assumed ones stay assumed if still there)."""
+        with self._lock:
+            fresh = {p.key: p for p in pods}
+            for key in list(self._pods):
+                if key not in fresh:
+                    self._detach(key)
+                    self._pods.pop(key)
+                    self._assumed.pop(key, None)
+            for pod in fresh.values():
+                self._set_pod(pod)
+
+    def assume(self, assignments: Iterable[Assignment], now: float) -> None:
+        with self._lock:
+            for a in assignments:
+                pod = self._pods.get(a.pod)
+                if pod is None or pod.node is not None:
+                    continue
+                self._detach(a.pod)
+                self._assumed[a.pod] = (a.node, now + self._assume_ttl)
+                self._attach(dataclasses.replace(pod, node=a.node))
+
+    def forget(self, key: PodKey) -> None:
+        """Undo an assume (the binding failed); a pod already seen bound is left alone."""
+        with self._lock:
+            self._forget(key)
+
+    def expire(self, now: float) -> list[PodKey]:
+        """Forget assumptions that no watch event confirmed before their deadline."""
+        with self._lock:
+            stale = [k for k, (_, deadline) in self._assumed.items() if deadline <= now]
+            for key in stale:
+                self._forget(key)
+            return stale
+
+    def assumed(self) -> dict[PodKey, NodeName]:
+        with self._lock:
+            return {k: node for k, (node, _) in self._assumed.items()}
+
+    # -- pod groups ----------------------------------------------------------------------------
+    def set_pod_group(self, group: PodGroup) -> None:
+        with self._lock:
+            self._groups[f"{group.namespace}/{group.name}"] = group
+
+    def remove_pod_group(self, key: str) -> None:
+        with self._lock:
+            self._groups.pop(key, None)
+
+    def replace_pod_groups(self, groups: Iterable[PodGroup]) -> None:
+        with self._lock:
+            self._groups = {f"{g.namespace}/{g.name}": g for g in groups}
+
+    # -- snapshot ------------------------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            for name, node in self._nodes.items():
+                if name not in self._states:
+                    self._states[name] = self._state(node)
+            pods = dict(self._pods)
+            for key, (target, _) in self._assumed.items():
+                if key in pods:
+                    pods[key] = dataclasses.replace(pods[key], node=target)
+            return Snapshot(dict(self._states), pods, dict(self._groups))
+
+    # -- internals (lock held) -----------------------------------------------------------------
+    def _forget(self, key: PodKey) -> None:
+        if key not in self._assumed:
+            return
+        self._detach(key)
+        del self._assumed[key]
+        pod = self._pods.get(key)
+        if pod is not None:
+            self._attach(pod)
+
+    def _set_pod(self, pod: PodRequest) -> None:
+        self._detach(pod.key)
+        self._pods[pod.key] = pod
+        assumed = self._assumed.get(pod.key)
+        if assumed is not None and pod.node is None and not pod.finished:
+            # Still in flight: keep charging the assumed node with the fresh pod object.
+            self._attach(dataclasses.replace(pod, node=assumed[0]))
+            return
+        self._assumed.pop(pod.key, None)
+        self._attach(pod)
+
+    def _attach(self, pod: PodRequest) -> None:
+        if pod.holds_resources and pod.node is not None:
+            self._on_node.setdefault(pod.node, {})[pod.key] = pod
+            self._states.pop(pod.node, None)
+
+    def _detach(self, key: PodKey) -> None:
+        assumed = self._assumed.get(key)
+        pod = self._pods.get(key)
+        for node in {assumed[0] if assumed else None, pod.node if pod else None}:
+            if node is not None and key in self._on_node.get(node, {}):
+                del self._on_node[node][key]
+                self._states.pop(node, None)
+
+    def _state(self, node: Node) -> NodeState:
+        return node_state(node, self._on_node.get(node.name, {}).values())
+
+
+def node_state(node: Node, pods: Iterable[PodRequest]) -> NodeState:
+    """A node with ``pods`` (the ones holding resources on it) charged."""
+    ordered = sorted(pods, key=lambda p: p.key)
+    requested = Resources()
+    for pod in ordered:
+        requested = requested + pod.requests
+    islands = None
+    if node.gpu_topology is not None:
+        islands = topology.free_islands(
+            node.gpu_topology, ((str(p.key), p.requests.gpu) for p in ordered)
+        )
+    return NodeState(node, requested, islands)

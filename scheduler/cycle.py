@@ -1,0 +1,218 @@
+"""One scheduling cycle: one gang, one snapshot, one decision. Pure.
+
+The story of a cycle:
+
+1. Take the first gang in queue order (priority, then age) that has work: pending members and
+   an unmet minimum; only when none is ready, one with room below its maximum.
+2. Minimum: if the gang still needs ``k`` members to reach its minimum, place exactly ``k`` pending
+   members on the snapshot — all of them or none. Fewer than ``k`` pending pods means none is
+   placed (no member ever waits bound for the rest of its gang: no Permit-style holding).
+3. Surplus: then, and only if no other gang's minimum could be placed on what is left, place
+   pending members one at a time up to the maximum, preferring spot capacity.
+4. Reclaim: when a complete minimum does not fit, choose the fewest victims that make it fit
+   (surplus first, see :mod:`scheduler.reclaim`) and the nodes to hold for the gang meanwhile.
+
+The caller binds what the decision says (after assuming it in the cache) and reports the
+``Unschedulable`` status to the gang's pods; it records success or failure in the queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from contracts import names
+from scheduler import reclaim
+from scheduler.cache import Snapshot
+from scheduler.model import (
+    Assignment,
+    Gang,
+    GangKey,
+    NodeName,
+    PodKey,
+    PodRequest,
+    Resources,
+    Unschedulable,
+)
+from scheduler.placement import Request, place
+from scheduler.placement.score import DEFAULT_WEIGHTS, Weights
+from scheduler.queue import GangQueue
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    topology_keys: tuple[str, ...] = names.DEFAULT_TOPOLOGY_KEYS
+    weights: Weights = field(default=DEFAULT_WEIGHTS)
+    #: Ask surplus (then lower-priority gangs) to leave when a gang's minimum cannot fit.
+    reclaim: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What one cycle decided for ``gang``.
+
+    ``bindings`` lists the minimum quorum first (``min_count`` of them), then surplus members.
+    ``unschedulable`` says why the minimum could not be placed (``None`` when it was, or was
+    already met). ``surplus_held`` is true when surplus members waited because another gang's
+    minimum fits in the room they would take. ``victims`` are the pods to ask to leave so that
+    the minimum fits, at ``nominated`` (room to hold for this gang until it binds).
+    """
+
+    gang: Gang
+    bindings: tuple[Assignment, ...] = ()
+    min_count: int = 0
+    unschedulable: Unschedulable | None = None
+    surplus_held: bool = False
+    victims: tuple[PodKey, ...] = ()
+    nominated: tuple[Assignment, ...] = ()
+
+    @property
+    def progressed(self) -> bool:
+        return bool(self.bindings)
+
+
+def has_work(gang: Gang) -> bool:
+    if not gang.pending:
+        return False
+    return gang.min_missing > 0 or gang.surplus_room > 0
+
+
+def min_waiting(gang: Gang) -> bool:
+    """The gang's minimum is unmet and every pod it needs for it exists."""
+    return gang.min_missing > 0 and len(gang.pending) >= gang.min_missing
+
+
+def _request(
+    gang: Gang,
+    pods: Sequence[PodRequest],
+    config: Config,
+    *,
+    surplus: bool,
+    bound_nodes: Sequence[NodeName] | None = None,
+) -> Request:
+    if bound_nodes is None:
+        bound_nodes = [p.node for p in gang.bound if p.node is not None]
+    return Request(
+        gang=gang.key,
+        pods=pods,
+        topology_keys=config.topology_keys,
+        required=gang.topology_required,
+        preferred=gang.topology_preferred,
+        surplus=surplus,
+        bound_nodes=tuple(bound_nodes),
+        weights=config.weights,
+    )
+
+
+def decide(gang: Gang, others: Iterable[Gang], snapshot: Snapshot, config: Config) -> Decision:
+    """The decision for ``gang`` on ``snapshot``; ``others`` are the other gangs with work."""
+    pending = list(gang.pending)
+    need = gang.min_missing
+    bindings: list[Assignment] = []
+    if need > 0:
+        if len(pending) < need:
+            present = len(gang.bound) + len(pending)
+            return Decision(
+                gang,
+                unschedulable=Unschedulable(
+                    len(snapshot.nodes),
+                    summary=f"gang {gang.name} has {present} of the {gang.min_member} members "
+                    "its minimum needs; none is bound until all of them exist.",
+                ),
+            )
+        result = place(_request(gang, pending[:need], config, surplus=False), snapshot.nodes)
+        if isinstance(result, Unschedulable):
+            return Decision(gang, unschedulable=result)
+        bindings.extend(result.assignments)
+        snapshot = snapshot.with_assignments(result.assignments)
+        pending = pending[need:]
+    min_count = len(bindings)
+
+    room = gang.surplus_room - min_count
+    held = False
+    if room > 0 and pending:
+        held = _min_fits(others, gang, snapshot, config)
+        if not held:
+            bound: list[NodeName] = [p.node for p in gang.bound if p.node is not None]
+            bound.extend(a.node for a in bindings)
+            for pod in pending[:room]:
+                request = _request(gang, [pod], config, surplus=True, bound_nodes=bound)
+                one = place(request, snapshot.nodes)
+                if isinstance(one, Unschedulable):
+                    continue
+                bindings.extend(one.assignments)
+                bound.extend(a.node for a in one.assignments)
+                snapshot = snapshot.with_assignments(one.assignments)
+    return Decision(gang, tuple(bindings), min_count, surplus_held=held)
+
+
+def _reclaim(
+    decision: Decision, gangs: Sequence[Gang], snapshot: Snapshot, config: Config, leaving: int
+) -> Decision:
+    gang = decision.gang
+    assert decision.unschedulable is not None
+    if leaving:
+        why = decision.unschedulable
+        return replace(
+            decision,
+            unschedulable=Unschedulable(
+                why.nodes_total,
+                why.reasons,
+                f"waiting for {leaving} pod(s) asked to leave to make room for gang {gang.name};",
+            ),
+        )
+    if not config.reclaim:
+        return decision
+    pods = list(gang.pending)[: gang.min_missing]
+    found = reclaim.plan(gang, gangs, snapshot, _request(gang, pods, config, surplus=False))
+    if found is None:
+        return decision
+    return replace(decision, victims=found.victims, nominated=found.placement.assignments)
+
+
+def _min_fits(others: Iterable[Gang], gang: Gang, snapshot: Snapshot, config: Config) -> bool:
+    for other in others:
+        if other.key == gang.key or not min_waiting(other):
+            continue
+        pods = list(other.pending)[: other.min_missing]
+        found = place(_request(other, pods, config, surplus=False), snapshot.nodes)
+        if not isinstance(found, Unschedulable):
+            return True
+    return False
+
+
+def run_cycle(
+    gangs: Sequence[Gang],
+    queue: GangQueue,
+    snapshot: Snapshot,
+    now: float,
+    config: Config,
+    *,
+    reserved: Mapping[GangKey, Sequence[tuple[NodeName, Resources]]] | None = None,
+    leaving: Mapping[GangKey, int] | None = None,
+) -> Decision | None:
+    """Decide for the first ready gang with work and record the outcome in ``queue``.
+
+    ``reserved`` is room held for gangs whose victims are leaving (charged for every other
+    gang); ``leaving`` counts, per gang, the victims asked to leave for it that are still there
+    (no new victims are chosen for such a gang). Returns ``None`` when no gang is ready at
+    ``now``.
+    """
+    reserved = reserved or {}
+    leaving = leaving or {}
+    working = [g for g in gangs if has_work(g)]
+    # Minimums first (in queue order), surplus after: growth never delays someone's quorum.
+    ready = sorted(queue.ordered(working, now), key=lambda g: g.min_missing == 0)
+    for gang in ready:
+        view = snapshot.with_reserved(
+            r for key, held in reserved.items() if key != gang.key for r in held
+        )
+        decision = decide(gang, working, view, config)
+        if decision.unschedulable is not None and min_waiting(gang):
+            decision = _reclaim(decision, gangs, view, config, leaving.get(gang.key, 0))
+        if decision.unschedulable is None and decision.progressed:
+            queue.succeeded(gang.key)
+        else:
+            queue.failed(gang.key, now)
+        return decision
+    return None

@@ -1,0 +1,288 @@
+"""Binding and user-facing status: the :class:`~scheduler.runner.Binder` and
+:class:`~scheduler.runner.Reporter` on the Kubernetes API.
+
+Writes that only inform (conditions, Events, PodGroup status) go through a small worker pool so
+the scheduling loop never waits on them, and each is sent only when its content changes: a gang
+that stays unschedulable for an hour produces one Event per member, not one per cycle.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from contracts import names
+from scheduler.k8s.client import TokenBucket
+from scheduler.model import Gang, GangKey, InvalidGang, NodeName, PodPhase, PodRequest
+
+log = structlog.get_logger("scheduler.status")
+
+POD_GROUP_API = ("scheduling.x-k8s.io", "v1alpha1", "podgroups")
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class ApiBinder:
+    """``pods/binding``, rate limited. Thread-safe: called from the bind workers."""
+
+    def __init__(self, api: Any, limiter: TokenBucket) -> None:
+        self._core = client.CoreV1Api(api)
+        self._limiter = limiter
+
+    def bind(self, pod: PodRequest, node: NodeName) -> str | None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        self._limiter.acquire()
+        try:
+            # The generated client cannot parse the Status that pods/binding returns.
+            self._core.create_namespaced_pod_binding(
+                pod.name, pod.namespace, body, _preload_content=False
+            )
+        except ApiException as exc:
+            return f"{exc.status} {exc.reason}: {_api_message(exc)}"
+        return None
+
+    def ask_to_leave(self, pod: PodRequest, leave_by: float, gang: GangKey) -> str | None:
+        body = {
+            "metadata": {
+                "annotations": {
+                    names.LEAVE_BY_ANNOTATION: _rfc3339(leave_by),
+                    names.RECLAIMED_FOR_ANNOTATION: gang,
+                }
+            }
+        }
+        self._limiter.acquire()
+        try:
+            self._core.patch_namespaced_pod(
+                pod.name,
+                pod.namespace,
+                body,
+                _content_type="application/merge-patch+json",
+                _preload_content=False,
+            )
+        except ApiException as exc:
+            return f"{exc.status} {exc.reason}: {_api_message(exc)}"
+        return None
+
+    def evict(self, pod: PodRequest) -> str | None:
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": pod.name, "namespace": pod.namespace},
+        }
+        self._limiter.acquire()
+        try:
+            self._core.create_namespaced_pod_eviction(
+                pod.name, pod.namespace, body, _preload_content=False
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None  # already gone
+            return f"{exc.status} {exc.reason}: {_api_message(exc)}"
+        return None
+
+
+def _rfc3339(when: float) -> str:
+    return datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _api_message(exc: ApiException) -> str:
+    import json
+
+    try:
+        return str(json.loads(exc.body).get("message", ""))[:300]
+    except (TypeError, ValueError):
+        return str(exc.body)[:300]
+
+
+class ApiReporter:
+    """Pod conditions, Events on pods and PodGroups, and PodGroup status."""
+
+    def __init__(
+        self,
+        api: Any,
+        limiter: TokenBucket,
+        scheduler_name: str,
+        *,
+        workers: int = 4,
+        max_backlog: int = 5000,
+    ) -> None:
+        self._core = client.CoreV1Api(api)
+        self._custom = client.CustomObjectsApi(api)
+        self._limiter = limiter
+        self._name = scheduler_name
+        self._instance = f"{scheduler_name}-{uuid.uuid4().hex[:8]}"
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="status")
+        self._sent: dict[tuple[str, str], str] = {}
+        self._lock = threading.Lock()
+        self._backlog = 0
+        self._max_backlog = max_backlog
+        self.dropped = 0
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    # -- Reporter --------------------------------------------------------------------------------
+    def unschedulable(self, gang: Gang, message: str) -> None:
+        for pod in gang.pending:
+            if self._changed(("pod", pod.key), message):
+                self._submit(self._pod_condition, pod, "Unschedulable", message)
+                self._submit(self._pod_event, pod, "Warning", "FailedScheduling", message)
+        if gang.pod_group and self._changed(("group", gang.pod_group), message):
+            self._submit(self._group_event, gang.pod_group, "Warning", "FailedScheduling", message)
+
+    def scheduled(self, gang: Gang, pod: PodRequest, node: NodeName) -> None:
+        with self._lock:
+            self._sent.pop(("pod", pod.key), None)
+        message = f"Successfully assigned {pod.key} to {node}"
+        self._submit(self._pod_event, pod, "Normal", "Scheduled", message)
+
+    def bind_failed(self, pod: PodRequest, node: NodeName, error: str) -> None:
+        message = f"Binding to {node} failed: {error}"
+        self._submit(self._pod_event, pod, "Warning", "FailedBinding", message)
+
+    def asked_to_leave(self, pod: PodRequest, gang: Gang, leave_by: float) -> None:
+        message = (
+            f"Asked to leave by {_rfc3339(leave_by)} (annotation {names.LEAVE_BY_ANNOTATION}) "
+            f"to make room for gang {gang.key} (priority {gang.priority}); evicted then"
+        )
+        self._submit(self._pod_event, pod, "Warning", "Reclaimed", message)
+
+    def invalid(self, gang: InvalidGang) -> None:
+        message = f"Gang {gang.key} is not valid: {gang.message}"
+        for pod in gang.members:
+            ours = pod.node is None and pod.scheduler_name == self._name
+            if ours and self._changed(("pod", pod.key), message):
+                self._submit(self._pod_condition, pod, "InvalidGang", message)
+                self._submit(self._pod_event, pod, "Warning", "InvalidGang", message)
+        if gang.pod_group and self._changed(("group", gang.pod_group), message):
+            self._submit(self._group_event, gang.pod_group, "Warning", "InvalidGang", message)
+
+    def gang_status(self, gang: Gang) -> None:
+        if gang.pod_group is None:
+            return
+        scheduled = len(gang.bound)
+        running = sum(1 for p in gang.members if p.phase == PodPhase.RUNNING)
+        if running >= gang.min_member:
+            phase = "Running"
+        elif scheduled >= gang.min_member:
+            phase = "Scheduled"
+        else:
+            phase = "Pending"
+        status = {"phase": phase, "scheduled": scheduled, "running": running}
+        if self._changed(("status", gang.pod_group), repr(sorted(status.items()))):
+            self._submit(self._group_status, gang.pod_group, status)
+
+    # -- plumbing --------------------------------------------------------------------------------
+    def _changed(self, key: tuple[str, str], content: str) -> bool:
+        with self._lock:
+            if self._sent.get(key) == content:
+                return False
+            self._sent[key] = content
+            return True
+
+    def _submit(self, fn: Any, *args: Any) -> None:
+        with self._lock:
+            if self._backlog >= self._max_backlog:
+                self.dropped += 1
+                return
+            self._backlog += 1
+        self._pool.submit(self._guarded, fn, *args)
+
+    def _guarded(self, fn: Any, *args: Any) -> None:
+        try:
+            self._limiter.acquire()
+            fn(*args)
+        except ApiException as exc:
+            if exc.status != 404:  # the object went away meanwhile: nothing to tell
+                log.warning(
+                    "status_write_failed",
+                    action=fn.__name__,
+                    status=exc.status,
+                    error=_api_message(exc),
+                )
+        except Exception:
+            log.exception("status_write_crashed", action=fn.__name__)
+        finally:
+            with self._lock:
+                self._backlog -= 1
+
+    def _pod_condition(self, pod: PodRequest, reason: str, message: str) -> None:
+        body = {
+            "status": {
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": reason,
+                        "message": message,
+                        "lastTransitionTime": _now(),
+                    }
+                ]
+            }
+        }
+        self._core.patch_namespaced_pod_status(
+            pod.name,
+            pod.namespace,
+            body,
+            _content_type="application/strategic-merge-patch+json",
+            _preload_content=False,
+        )
+
+    def _event(
+        self, namespace: str, involved: dict[str, str], kind: str, reason: str, message: str
+    ) -> None:
+        now = _now()
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
+            "involvedObject": {**involved, "namespace": namespace},
+            "reason": reason,
+            "message": message[:1024],
+            "type": kind,
+            "source": {"component": self._name},
+            "reportingComponent": self._name,
+            "reportingInstance": self._instance,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        self._core.create_namespaced_event(namespace, body, _preload_content=False)
+
+    def _pod_event(self, pod: PodRequest, kind: str, reason: str, message: str) -> None:
+        involved = {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid}
+        self._event(pod.namespace, involved, kind, reason, message)
+
+    def _group_event(self, ref: str, kind: str, reason: str, message: str) -> None:
+        namespace, name = ref.split("/", 1)
+        group, version, _ = POD_GROUP_API
+        involved = {"apiVersion": f"{group}/{version}", "kind": "PodGroup", "name": name}
+        self._event(namespace, involved, kind, reason, message)
+
+    def _group_status(self, ref: str, status: dict[str, Any]) -> None:
+        namespace, name = ref.split("/", 1)
+        group, version, plural = POD_GROUP_API
+        self._custom.patch_namespaced_custom_object_status(
+            group,
+            version,
+            namespace,
+            plural,
+            name,
+            {"status": status},
+            _content_type="application/merge-patch+json",
+            _preload_content=False,
+        )

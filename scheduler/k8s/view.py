@@ -1,0 +1,121 @@
+"""The cluster view: informers for pods, nodes and PodGroups that feed the cache and wake the loop.
+
+Event handlers only route: convert the object, update the cache, and tell the loop whether room
+may have appeared (a pod gone or finished, a node added or changed, a new pod or PodGroup that
+could complete a gang), in which case backoffs end.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from kubernetes import client
+
+from scheduler.cache import Cache
+from scheduler.k8s import convert
+from scheduler.k8s.informer import Handlers, Informer
+from scheduler.k8s.status import POD_GROUP_API
+from scheduler.model import Node, NodeName
+
+log = structlog.get_logger("scheduler.view")
+
+Wake = Callable[[bool], None]
+
+
+class ClusterView:
+    def __init__(self, api: Any, cache: Cache, wake: Wake, *, page_size: int = 500) -> None:
+        self._cache = cache
+        self._wake = wake
+        self._node_problems: dict[str, str] = {}
+        core = client.CoreV1Api(api)
+        custom = client.CustomObjectsApi(api)
+        group, version, plural = POD_GROUP_API
+        self.informers = [
+            Informer(
+                "pods",
+                core.list_pod_for_all_namespaces,
+                Handlers(self._pods_listed, self._pod_event),
+                page_size=page_size,
+            ),
+            Informer(
+                "nodes",
+                core.list_node,
+                Handlers(self._nodes_listed, self._node_event),
+                page_size=page_size,
+            ),
+            Informer(
+                "podgroups",
+                functools.partial(custom.list_cluster_custom_object, group, version, plural),
+                Handlers(self._groups_listed, self._group_event),
+                page_size=page_size,
+                missing_ok=True,
+            ),
+        ]
+
+    def start(self) -> None:
+        for informer in self.informers:
+            informer.start()
+
+    def stop(self) -> None:
+        for informer in self.informers:
+            informer.stop()
+
+    def synced(self) -> bool:
+        return all(i.synced.is_set() for i in self.informers)
+
+    # -- pods ------------------------------------------------------------------------------------
+    def _pods_listed(self, items: list[dict[str, Any]]) -> None:
+        self._cache.replace_pods(convert.pod(item) for item in items)
+        self._wake(True)
+
+    def _pod_event(self, kind: str, raw: dict[str, Any]) -> None:
+        pod = convert.pod(raw)
+        if kind == "DELETED":
+            self._cache.remove_pod(pod.key)
+            self._wake(True)
+            return
+        self._cache.set_pod(pod)
+        # A new pod may complete a gang; a finished or leaving one frees its node. Other updates
+        # (a binding confirmed, a pod now Running) give the loop nothing new to do.
+        if kind == "ADDED" or pod.finished or pod.deleting:
+            self._wake(True)
+
+    # -- nodes -----------------------------------------------------------------------------------
+    def _nodes_listed(self, items: list[dict[str, Any]]) -> None:
+        self._cache.replace_nodes(self._node(item) for item in items)
+        self._wake(True)
+
+    def _node_event(self, kind: str, raw: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            name = (raw.get("metadata") or {}).get("name", "")
+            self._cache.remove_node(NodeName(str(name)))
+            self._wake(False)
+            return
+        self._cache.set_node(self._node(raw))
+        self._wake(True)
+
+    def _node(self, raw: dict[str, Any]) -> Node:
+        problems: list[str] = []
+        node = convert.node(raw, problems)
+        text = "; ".join(problems)
+        if self._node_problems.get(node.name, "") != text:
+            self._node_problems[node.name] = text
+            if text:
+                log.warning("node_annotation_ignored", node=node.name, reason=text)
+        return node
+
+    # -- pod groups ------------------------------------------------------------------------------
+    def _groups_listed(self, items: list[dict[str, Any]]) -> None:
+        self._cache.replace_pod_groups(convert.pod_group(item) for item in items)
+        self._wake(True)
+
+    def _group_event(self, kind: str, raw: dict[str, Any]) -> None:
+        group = convert.pod_group(raw)
+        if kind == "DELETED":
+            self._cache.remove_pod_group(f"{group.namespace}/{group.name}")
+        else:
+            self._cache.set_pod_group(group)
+        self._wake(True)

@@ -1,0 +1,54 @@
+"""Prometheus metrics of one scheduler instance (its own registry, so several can share a
+process, as the tests do)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_SLOW = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.cycle_seconds = Histogram(
+            "shoal_scheduler_cycle_duration_seconds",
+            "Time of one scheduling cycle (snapshot, gangs, decision), by result.",
+            ["result"],
+            buckets=_FAST,
+            registry=self.registry,
+        )
+        self.decision_seconds = Histogram(
+            "shoal_scheduler_gang_decision_seconds",
+            "Time to decide one gang on one snapshot (placement search only).",
+            buckets=_FAST,
+            registry=self.registry,
+        )
+        self.gang_latency_seconds = Histogram(
+            "shoal_scheduler_gang_scheduling_latency_seconds",
+            "From the gang's creation to the cycle that placed its minimum.",
+            buckets=_SLOW,
+            registry=self.registry,
+        )
+        self.binds = Counter(
+            "shoal_scheduler_binds",
+            "Pod bindings, by result.",
+            ["result"],
+            registry=self.registry,
+        )
+        self.reclaims = Counter(
+            "shoal_scheduler_reclaims",
+            "Pods asked to leave to make room for a gang's minimum.",
+            registry=self.registry,
+        )
+        self.pending_gangs = Gauge(
+            "shoal_scheduler_pending_gangs",
+            "Gangs with pending members.",
+            registry=self.registry,
+        )
+        self.invalid_gangs = Gauge(
+            "shoal_scheduler_invalid_gangs",
+            "Gangs whose definition is wrong (see their Warning events).",
+            registry=self.registry,
+        )

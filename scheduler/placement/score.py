@@ -1,0 +1,65 @@
+"""Score plugins: how good is a node for one more member of a gang? Higher is better.
+
+Pure and additive; the weights say what wins over what:
+
+1. NVLink island (``ISLAND``): a multi-GPU pod on a node whose free GPUs include one island large
+   enough for the whole pod beats any node where it would straddle islands.
+2. Capacity type (``CAPACITY``): the minimum quorum prefers on-demand nodes, surplus members
+   prefer spot, so that a revocation takes elastic members first.
+3. Domain affinity (``TOGETHER``): a node in a rack the gang already uses beats a new rack.
+4. Tight fit (``TIGHT``, per GPU left free): pack GPUs so whole nodes stay free for big pods;
+   pods without GPUs keep off GPU nodes.
+
+Fewest topology domains is decided before scoring, by the search (one rack when one rack holds
+the gang); see :mod:`scheduler.placement.search`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scheduler import topology
+from scheduler.model import Node, Resources
+
+
+@dataclass(frozen=True, slots=True)
+class Weights:
+    island: float = 1000.0
+    capacity: float = 100.0
+    together: float = 50.0
+    tight: float = 1.0
+
+
+DEFAULT_WEIGHTS = Weights()
+
+
+def island_fit(islands: tuple[int, ...] | None, gpus: int) -> bool:
+    """True when one NVLink island on the node has ``gpus`` free GPUs (or the node is flat)."""
+    if gpus <= 1 or islands is None:
+        return True
+    return topology.best_island(islands, gpus) is not None
+
+
+def node_score(
+    request: Resources,
+    node: Node,
+    free: Resources,
+    islands: tuple[int, ...] | None,
+    *,
+    surplus: bool,
+    together: bool,
+    weights: Weights = DEFAULT_WEIGHTS,
+) -> float:
+    """Score of placing a pod asking ``request`` on ``node`` that has ``free`` left."""
+    score = 0.0
+    if request.gpu > 1 and islands is not None and island_fit(islands, request.gpu):
+        score += weights.island
+    if node.spot == surplus:
+        score += weights.capacity
+    if together:
+        score += weights.together
+    if request.gpu > 0:
+        score -= weights.tight * (free.gpu - request.gpu)
+    elif node.allocatable.gpu > 0:
+        score -= weights.tight * node.allocatable.gpu
+    return score

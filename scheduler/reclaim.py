@@ -1,0 +1,112 @@
+"""Reclaim: whom to ask to leave so that a waiting gang's minimum fits. Pure.
+
+Victims come in units, tried in this order:
+
+1. surplus members (bound above their gang's minimum) of gangs with lower or equal priority —
+   lowest priority first, youngest member first; a gang is never taken below its minimum here;
+2. whole gangs (every bound member) of strictly lower priority — lowest priority first,
+   youngest gang first. A gang is broken below its minimum only by evicting it whole.
+
+Units are added one at a time until the gang's minimum fits on the snapshot without them; then
+every unit that is not needed for the fit is dropped again (last added first), so the result is
+a set of victims none of which could be spared. Pods of other schedulers are never victims.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from scheduler.cache import node_state
+from scheduler.cache.cache import Snapshot
+from scheduler.model import Gang, NodeName, NodeState, Placement, PodKey, PodRequest, Unschedulable
+from scheduler.placement import Request, filters, place
+
+#: Reclaim looks at no more units than this per attempt (bounded work per cycle).
+MAX_UNITS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    victims: tuple[PodKey, ...]
+    #: Where the gang's minimum goes once the victims have left (held for it until then).
+    placement: Placement
+
+
+def plan(gang: Gang, gangs: Sequence[Gang], snapshot: Snapshot, request: Request) -> Plan | None:
+    """Victims that make ``request`` (the gang's minimum) fit, or ``None`` when none can."""
+    wanted = list(request.pods)
+    if not wanted:
+        return None
+    # Only pods on nodes that could ever take a member (labels, taints, cordon) are useful.
+    useful = {
+        name
+        for name, state in snapshot.nodes.items()
+        if all(check(wanted[0], state) is None for check in filters.STATIC_FILTERS)
+    }
+    units = _units(gang, gangs, useful)
+    if not units:
+        return None
+    by_node: dict[NodeName, list[PodRequest]] = {}
+    for pod in snapshot.pods.values():
+        if pod.node is not None and pod.holds_resources:
+            by_node.setdefault(pod.node, []).append(pod)
+
+    def nodes_without(gone: set[PodKey]) -> Mapping[NodeName, NodeState]:
+        nodes = dict(snapshot.nodes)
+        touched = {snapshot.pods[k].node for k in gone if k in snapshot.pods}
+        for name in touched:
+            if name is not None and name in nodes:
+                staying = [p for p in by_node.get(name, []) if p.key not in gone]
+                nodes[name] = node_state(nodes[name].node, staying)
+        return nodes
+
+    chosen: list[tuple[PodKey, ...]] = []
+    gone: set[PodKey] = set()
+    found: Placement | None = None
+    for unit in units:
+        if all(k in gone for k in unit):
+            continue
+        chosen.append(unit)
+        gone.update(unit)
+        result = place(request, nodes_without(gone))
+        if isinstance(result, Placement):
+            found = result
+            break
+    if found is None:
+        return None
+    # Drop every unit the fit does not need, last added first. A pod in two units (a surplus
+    # member whose whole gang was taken too) stays while any unit holding it stays.
+    for unit in reversed(chosen[:-1]):
+        rest = [u for u in chosen if u is not unit]
+        trial = {key for u in rest for key in u}
+        result = place(request, nodes_without(trial))
+        if not isinstance(result, Unschedulable):
+            chosen, gone, found = rest, trial, result
+    return Plan(tuple(sorted(gone)), found)
+
+
+def _units(gang: Gang, gangs: Sequence[Gang], useful: set[NodeName]) -> list[tuple[PodKey, ...]]:
+    surplus: list[tuple[int, float, PodKey]] = []
+    whole: list[tuple[int, float, tuple[PodKey, ...]]] = []
+    for other in gangs:
+        if other.key == gang.key:
+            continue
+        bound = [p for p in other.members if p.node is not None and not p.deleting]
+        if not bound or not any(p.node in useful for p in bound):
+            continue
+        extra = len(bound) - other.min_member
+        if extra > 0 and other.priority <= gang.priority:
+            # Youngest first; among pods created in the same second, the later name.
+            youngest = sorted(bound, key=lambda p: (p.created, p.name), reverse=True)[:extra]
+            surplus.extend((other.priority, p.created, p.key) for p in youngest if p.node in useful)
+        if other.priority < gang.priority:
+            whole.append((other.priority, other.created, tuple(p.key for p in bound)))
+    # Lowest priority first, then youngest first (a stable sort on two keys).
+    surplus.sort(key=lambda item: (item[1], item[2]), reverse=True)
+    surplus.sort(key=lambda item: item[0])
+    whole.sort(key=lambda item: (item[1], item[2]), reverse=True)
+    whole.sort(key=lambda item: item[0])
+    units: list[tuple[PodKey, ...]] = [(key,) for _, _, key in surplus]
+    units.extend(keys for _, _, keys in whole)
+    return units[:MAX_UNITS]

@@ -1,0 +1,123 @@
+"""Elastic growth and topology-aware placement on a real API server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from contracts import names
+from tests.integration.scheduler.conftest import (
+    Pods,
+    Pool,
+    SchedulerProcess,
+    ensure_priority_class,
+    eventually,
+)
+
+
+def test_elastic_gang_gets_its_minimum_then_grows_when_nodes_are_added(
+    pool: Pool, pods: Pods, start_scheduler: Callable[..., SchedulerProcess]
+) -> None:
+    pool.add(2, gpus=8, prefix="first")
+    members = pods.gang("elastic", 4, gpus=8, min_member=2, max_member=4)
+    start_scheduler()
+    eventually(lambda: len(pods.bound(members)) == 2, what="the minimum of 2 members")
+    pool.add(2, gpus=8, prefix="more")
+    eventually(lambda: len(pods.bound(members)) == 4, what="growth to the maximum of 4")
+    assert len(set(pods.bound(members).values())) == 4
+
+
+def test_gang_that_fits_one_rack_lands_in_one_rack(
+    pool: Pool, pods: Pods, start_scheduler: Callable[..., SchedulerProcess]
+) -> None:
+    # rack "small": three 4-GPU nodes (each a tight fit for a 4-GPU pod, but 12 GPUs in all);
+    # rack "big": three 8-GPU nodes. Four 4-GPU members fit only in "big" as one rack.
+    small = pool.add(3, gpus=4, prefix="small", extra_labels={names.RACK_LABEL: "small"})
+    big = pool.add(3, gpus=8, prefix="big", extra_labels={names.RACK_LABEL: "big"})
+    members = pods.gang("racked", 4, gpus=4)
+    start_scheduler()
+    placed = eventually(
+        lambda: pods.bound(members) if len(pods.bound(members)) == 4 else None,
+        what="the gang to be bound",
+    )
+    assert set(placed.values()) <= set(big)
+    assert not set(placed.values()) & set(small)
+
+
+def test_topology_required_gang_waits_rather_than_spread(
+    pool: Pool, pods: Pods, start_scheduler: Callable[..., SchedulerProcess]
+) -> None:
+    pool.add(1, gpus=8, prefix="a", extra_labels={names.RACK_LABEL: "a"})
+    pool.add(1, gpus=8, prefix="b", extra_labels={names.RACK_LABEL: "b"})
+    members = pods.gang(
+        "together",
+        2,
+        gpus=8,
+        annotations={names.TOPOLOGY_REQUIRED_ANNOTATION: names.RACK_LABEL},
+    )
+    start_scheduler()
+
+    def explained() -> str | None:
+        condition = pods.condition(members[0])
+        return condition.message if condition is not None else None
+
+    message = eventually(explained, what="the waiting gang's condition")
+    assert "no single shoal.dev/rack has room for all 2 member(s)" in message
+    assert pods.bound(members) == {}
+    # A rack that can hold both appears: the gang goes there, whole.
+    roomy = pool.add(2, gpus=8, prefix="c", extra_labels={names.RACK_LABEL: "c"})
+    placed = eventually(
+        lambda: pods.bound(members) if len(pods.bound(members)) == 2 else None,
+        what="the gang in the new rack",
+    )
+    assert set(placed.values()) == set(roomy)
+
+
+def test_four_gpu_pod_lands_on_a_free_nvlink_island_not_on_scattered_gpus(
+    pool: Pool, pods: Pods, start_scheduler: Callable[..., SchedulerProcess]
+) -> None:
+    # Both nodes have 4 GPUs free. On "scattered" they are 2 + 2 across two NVLink islands; on
+    # "island" they are one whole island. Names are chosen so that name order favours the wrong
+    # node, and the GPU count is a tie.
+    scattered = pool.add_manifest(
+        pool.node_with_allocated("a-scattered", {0: "x/a", 1: "x/a", 4: "x/b", 5: "x/b"})
+    )
+    island = pool.add_manifest(
+        pool.node_with_allocated("z-island", {0: "x/c", 1: "x/c", 2: "x/c", 3: "x/c"})
+    )
+    start_scheduler()
+    pod = pods.create("four", gpus=4)
+    node = eventually(lambda: pods.node_of(pod), what="the 4-GPU pod to be bound")
+    assert node == island
+    assert node != scattered
+
+
+def test_elastic_gang_shrinks_for_a_higher_priority_gang_never_below_its_minimum(
+    pool: Pool, pods: Pods, start_scheduler: Callable[..., SchedulerProcess]
+) -> None:
+    ensure_priority_class(pods.devcluster, "shoal-test-high", 100000)
+    pool.add(4, gpus=8)
+    members = pods.gang("elastic", 4, gpus=8, min_member=2, max_member=4)
+    start_scheduler("--reclaim-grace", "3")
+    eventually(lambda: len(pods.bound(members)) == 4, what="the elastic gang at its maximum")
+
+    urgent = pods.gang("urgent", 2, gpus=8, priority_class="shoal-test-high")
+    asked: set[str] = set()
+    lowest = 4
+
+    def urgent_bound() -> bool:
+        nonlocal lowest
+        for pod in pods.all():
+            notes = pod.metadata.annotations or {}
+            if pod.metadata.name in members and names.LEAVE_BY_ANNOTATION in notes:
+                asked.add(pod.metadata.name)
+                assert notes[names.RECLAIMED_FOR_ANNOTATION].endswith("/urgent")
+        lowest = min(lowest, len(pods.bound(members)))
+        return len(pods.bound(urgent)) == 2
+
+    eventually(urgent_bound, what="the high-priority gang to take the surplus room")
+    assert lowest >= 2  # never below the minimum while members were bound
+    assert len(pods.bound(members)) == 2
+    assert asked == {"elastic-2", "elastic-3"}  # the youngest surplus members, and only them
+    reclaimed = [e for e in pods.events("elastic-3") if e.reason == "Reclaimed"]
+    assert reclaimed
+    assert "to make room for gang" in reclaimed[0].message

@@ -1,0 +1,197 @@
+"""Restarts, bad input and PodGroups on a real API server."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from contracts import names
+from tests.integration.scheduler.conftest import Pods, Pool, SchedulerProcess, eventually
+
+
+def _gpus(pod: Any) -> int:
+    limits = pod.spec.containers[0].resources.limits or {}
+    return int(limits.get(names.GPU_RESOURCE, 0))
+
+
+def test_killed_and_restarted_scheduler_double_books_nothing_and_leaves_no_partial_gang(
+    pool: Pool, pods: Pods, start_scheduler: Callable[..., SchedulerProcess]
+) -> None:
+    nodes = pool.add(3, gpus=8)
+    gangs = {f"g{i}": pods.gang(f"g{i}", 2, gpus=4) for i in range(5)}  # room for three
+    every = [p for members in gangs.values() for p in members]
+    first = start_scheduler()
+    eventually(lambda: len(pods.bound(every)) >= 1, what="the first bindings")
+    first.kill()
+    start_scheduler()
+    eventually(lambda: len(pods.bound(every)) == 6, what="three whole gangs bound")
+
+    def settled() -> bool:
+        # Every gang either whole or empty, checked on one listing.
+        bound = pods.bound(every)
+        return all(len([p for p in m if p in bound]) in (0, 2) for m in gangs.values())
+
+    eventually(settled, what="no gang partially bound")
+    bound = pods.bound(every)
+    per_node: dict[str, int] = defaultdict(int)
+    for pod in pods.all():
+        if pod.metadata.name in bound:
+            per_node[pod.spec.node_name] += _gpus(pod)
+    assert set(per_node) <= set(nodes)
+    assert all(used <= 8 for used in per_node.values()), per_node
+    assert sum(per_node.values()) == 24
+
+
+def _condition_message(pods: Pods, name: str) -> str | None:
+    condition = pods.condition(name)
+    return condition.message if condition is not None else None
+
+
+def test_bad_gang_annotations_are_reported_and_the_rest_is_scheduled(
+    pool: Pool, pods: Pods, start_scheduler: Callable[..., SchedulerProcess]
+) -> None:
+    pool.add(1, gpus=8)
+    wrong_min = pods.gang("wrong-min", 1, min_member="two")
+    inverted = pods.gang("inverted", 1, min_member=3, max_member=2)
+    mixed = pods.gang("mixed", 1)
+    pods.create("mixed-other", labels={names.GANG_LABEL: "mixed"}, scheduler="default-scheduler")
+    good = pods.gang("good", 2, gpus=2)
+    start_scheduler()
+
+    eventually(lambda: len(pods.bound(good)) == 2, what="the valid gang")
+    message = eventually(lambda: _condition_message(pods, wrong_min[0]), what="a condition")
+    assert "shoal.dev/min-member: must be a whole number >= 1, got 'two'" in message
+    assert pods.condition(wrong_min[0]).reason == "InvalidGang"
+    message = eventually(lambda: _condition_message(pods, inverted[0]), what="a condition")
+    assert "(2) is smaller than the minimum (3)" in message
+    message = eventually(lambda: _condition_message(pods, mixed[0]), what="a condition")
+    assert "different schedulerNames" in message
+    warnings = eventually(
+        lambda: [e for e in pods.events(wrong_min[0]) if e.type == "Warning"],
+        what="a Warning Event",
+    )
+    assert warnings[0].reason == "InvalidGang"
+    assert pods.bound([*wrong_min, *inverted, *mixed]) == {}
+
+
+@pytest.mark.usefixtures("pod_group_crd")
+def test_pod_group_gang_waits_for_its_group_then_reports_status(
+    pool: Pool,
+    pods: Pods,
+    start_scheduler: Callable[..., SchedulerProcess],
+) -> None:
+    pool.add(2, gpus=8)
+    custom = client.CustomObjectsApi(pods.devcluster.api)
+    namespace = pods.namespace
+    members = [
+        pods.create(f"pg-{i}", gpus=8, labels={names.POD_GROUP_LABEL: "train"}) for i in range(3)
+    ]
+    start_scheduler()
+    message = eventually(lambda: _condition_message(pods, members[0]), what="a condition")
+    assert "PodGroup" in message
+    assert "does not exist yet" in message
+    assert pods.bound(members) == {}
+
+    custom.create_namespaced_custom_object(
+        "scheduling.x-k8s.io",
+        "v1alpha1",
+        namespace,
+        "podgroups",
+        {
+            "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+            "kind": "PodGroup",
+            "metadata": {"name": "train", "annotations": {names.MAX_MEMBER_ANNOTATION: "3"}},
+            "spec": {"minMember": 2},
+        },
+    )
+    eventually(lambda: len(pods.bound(members)) == 2, what="the PodGroup's minimum")
+
+    def status() -> dict[str, Any] | None:
+        group = custom.get_namespaced_custom_object(
+            "scheduling.x-k8s.io", "v1alpha1", namespace, "podgroups", "train"
+        )
+        found = group.get("status") or {}
+        return found if found.get("phase") == "Running" else None
+
+    found = eventually(status, what="PodGroup status Running")
+    assert found["scheduled"] == 2
+    assert found["running"] == 2
+
+
+@pytest.mark.usefixtures("pod_group_crd")
+def test_pod_group_with_a_bad_minimum_gets_a_warning_event(
+    pool: Pool,
+    pods: Pods,
+    start_scheduler: Callable[..., SchedulerProcess],
+) -> None:
+    pool.add(1, gpus=8)
+    custom = client.CustomObjectsApi(pods.devcluster.api)
+    namespace = pods.namespace
+    custom.create_namespaced_custom_object(
+        "scheduling.x-k8s.io",
+        "v1alpha1",
+        namespace,
+        "podgroups",
+        {
+            "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+            "kind": "PodGroup",
+            "metadata": {"name": "zero"},
+            "spec": {"minMember": 0},
+        },
+    )
+    member = pods.create("zero-0", labels={names.POD_GROUP_LABEL: "zero"})
+    plain = pods.create("plain")
+    start_scheduler()
+    eventually(lambda: pods.node_of(plain), what="the plain pod")
+
+    def group_warning() -> list[Any]:
+        return [e for e in pods.events("zero") if e.type == "Warning"]
+
+    warnings = eventually(group_warning, what="a Warning Event on the PodGroup")
+    assert warnings[0].involved_object.kind == "PodGroup"
+    assert "spec.minMember: must be at least 1, got 0" in warnings[0].message
+    assert pods.node_of(member) is None
+
+
+def test_health_ready_and_metrics_endpoints(
+    pool: Pool, pods: Pods, start_scheduler: Callable[..., SchedulerProcess]
+) -> None:
+    pool.add(1, gpus=8)
+    scheduler = start_scheduler()
+    assert scheduler.get("/healthz") == (200, "ok\n")
+    assert scheduler.get("/readyz") == (200, "ok\n")
+    name = pods.create("measured")
+    eventually(lambda: pods.node_of(name), what="a binding")
+    status, text = scheduler.get("/metrics")
+    assert status == 200
+    assert 'shoal_scheduler_binds_total{result="ok"} 1.0' in text
+    assert "shoal_scheduler_gang_decision_seconds_count" in text
+    cycles = [line for line in scheduler.log_lines() if line.get("event") == "cycle"]
+    assert any(c["gang"].endswith("pod:measured") and c["placed_min"] == 1 for c in cycles)
+
+
+def test_two_replicas_one_leads_and_the_standby_takes_over_when_it_dies(
+    pool: Pool, pods: Pods, start_scheduler: Callable[..., SchedulerProcess]
+) -> None:
+    pool.add(1, gpus=8)
+    flags = ("--leader-elect", "true", "--lease-namespace", pods.namespace)
+    first = start_scheduler(*flags)
+    eventually(lambda: first.get("/readyz") == (200, "leader\n"), what="a leader")
+    second = start_scheduler(*flags)
+    assert second.get("/readyz") == (200, "standby\n")
+    one = pods.create("one")
+    eventually(lambda: pods.node_of(one), what="the leader to bind a pod")
+    assert not [line for line in second.log_lines() if line.get("event") == "cycle"]
+
+    first.kill()
+    eventually(
+        lambda: second.get("/readyz") == (200, "leader\n"),
+        timeout=120,
+        what="the standby to take the Lease",
+    )
+    two = pods.create("two")
+    eventually(lambda: pods.node_of(two), what="the new leader to bind a pod")
