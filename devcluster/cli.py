@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 from devcluster import build as builder
@@ -144,6 +145,9 @@ def _run(args: argparse.Namespace) -> int:
             print(directory)
         return 0
     if args.command == "up":
+        # The components are meant to outlive this command; Python would otherwise warn that
+        # its child processes are still running when it exits.
+        warnings.simplefilter("ignore", ResourceWarning)
         bin_dir = builder.build()
         c = cluster.up(run_dir, bin_dir, cluster.Options(kube_scheduler=args.kube_scheduler))
         if args.kubeconfig_out:

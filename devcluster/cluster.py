@@ -236,6 +236,7 @@ def up(run_dir: Path, bin_dir: Path, options: Options = Options(), *, say: Say =
             "kube-controller-manager",
             _controller_manager_argv(bin_dir, run_dir, keys, ports, options),
         )
+        _write_kwok_stages(bin_dir, run_dir)
         start("kwok", _kwok_argv(bin_dir, run_dir, ports))
         if options.kube_scheduler:
             start("kube-scheduler", _scheduler_argv(bin_dir, run_dir, ports))
@@ -321,6 +322,13 @@ def _apiserver_argv(bin_dir: Path, keys: pki.Pki, ports: dict[str, int]) -> list
         f"--tls-cert-file={keys.serving_cert}",
         f"--tls-private-key-file={keys.serving_key}",
         f"--client-ca-file={keys.ca_cert}",
+        # Front-proxy authentication is configured (so aggregated-API clients find its CA) but
+        # trusts only a client name this PKI never issues.
+        f"--requestheader-client-ca-file={keys.ca_cert}",
+        "--requestheader-allowed-names=front-proxy-client",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
         "--authorization-mode=Node,RBAC",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={keys.sa_public}",
@@ -367,10 +375,21 @@ def _kwok_argv(bin_dir: Path, run_dir: Path, ports: dict[str, int]) -> list[str]
         "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
         # Node leases keep the node-lifecycle controller from declaring fake nodes unreachable.
         "--node-lease-duration-seconds=40",
+        f"--config={run_dir / 'kwok-stages.yaml'}",
         f"--server-address=127.0.0.1:{ports['kwok']}",
         "--cidr=" + POD_CIDR,
         "--node-ip=127.0.0.1",
     ]
+
+
+def _write_kwok_stages(bin_dir: Path, run_dir: Path) -> None:
+    """kwok's default stages (node init and lease heartbeat; pod ready, complete, delete)."""
+    result = subprocess.run(
+        [str(bin_dir / "kwok-stages")], capture_output=True, text=True, check=False, timeout=30
+    )
+    if result.returncode != 0:
+        raise StartError(f"kwok-stages failed: {result.stderr.strip()}")
+    (run_dir / "kwok-stages.yaml").write_text(result.stdout)
 
 
 def _scheduler_argv(bin_dir: Path, run_dir: Path, ports: dict[str, int]) -> list[str]:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
+#: Components this process started, so stopping one also collects its exit status.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +84,7 @@ def spawn(
         )
     stat = _stat(popen.pid)
     ticks = stat[1] if stat else 0
+    _CHILDREN[popen.pid] = popen
     return Proc(name=name, pid=popen.pid, start_ticks=ticks, log=str(log)), popen
 
 
@@ -91,6 +94,7 @@ def stop(proc: Proc, *, grace: float = 10.0) -> bool:
     Returns True when it is gone.
     """
     if not alive(proc):
+        _reap(proc.pid)
         return True
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         try:
@@ -101,8 +105,8 @@ def stop(proc: Proc, *, grace: float = 10.0) -> bool:
             os.kill(proc.pid, sig)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            _reap(proc.pid)
-            if not alive(proc):
+            if not alive(proc):  # exited (perhaps a zombie until reaped)
+                _reap(proc.pid)
                 return True
             time.sleep(0.05)
     return not alive(proc)
@@ -110,6 +114,10 @@ def stop(proc: Proc, *, grace: float = 10.0) -> bool:
 
 def _reap(pid: int) -> None:
     """Collect the exit status when the component is our own child, so it is not left a zombie."""
+    child = _CHILDREN.pop(pid, None)
+    if child is not None:
+        child.wait(timeout=5)
+        return
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
 

@@ -25,6 +25,7 @@ class Target:
 TARGETS: Final = (
     Target("etcd", "etcd", "."),
     Target("kwok", "kwok", "sigs.k8s.io/kwok/cmd/kwok"),
+    Target("kwok-stages", "kwok", "./stages"),
     Target("kube-apiserver", "kubernetes", "k8s.io/kubernetes/cmd/kube-apiserver"),
     Target(
         "kube-controller-manager", "kubernetes", "k8s.io/kubernetes/cmd/kube-controller-manager"
@@ -45,7 +46,7 @@ class Versions:
     def key(self) -> str:
         """Cache folder name: the releases plus a digest of the committed go.mod/go.sum files."""
         digest = hashlib.sha256()
-        for path in sorted(GO_DIR.glob("*/go.*")) + sorted(GO_DIR.glob("*/*.go")):
+        for path in sorted(GO_DIR.glob("*/go.*")) + sorted(GO_DIR.glob("*/**/*.go")):
             digest.update(path.relative_to(GO_DIR).as_posix().encode())
             digest.update(path.read_bytes())
         return f"k8s-{self.kubernetes}-etcd-{self.etcd}-kwok-{self.kwok}-{digest.hexdigest()[:10]}"
