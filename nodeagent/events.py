@@ -39,6 +39,8 @@ class Kind(StrEnum):
 class Notice:
     """One revocation notice as a provider saw it.
 
+    ``channel`` is the provider's feed the notice came from (``aws/spot``, ``gcp/preempted``...):
+    a later successful read of the same channel without this id withdraws it.
     ``disruptive`` notices make workers leave; the others (an AWS rebalance recommendation, a GCP
     live migration) only keep new pods away from the node. ``upstream_id`` is the cloud's id to
     acknowledge once the workers are out (Azure Scheduled Events); ``None`` when the cloud has
@@ -47,6 +49,7 @@ class Notice:
 
     event_id: EventId
     source: str
+    channel: str
     kind: Kind
     deadline: datetime
     reason: str

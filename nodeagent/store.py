@@ -7,9 +7,9 @@ State machine of a pod under notice (one per pod uid)::
                            +--notice withdrawn--> WithdrawPod --> seen
     any of notified/evicted --deadline-delete_margin--> DeletePod (last resort, once)
 
-Notices come in as complete observations per source (:meth:`Store.observe`): an id seen before
+Notices come in as complete observations per channel (:meth:`Store.observe`): an id seen before
 is the same notice (deduplicated; its deadline may only move earlier), an id missing from a
-later observation of the same source was withdrawn. Failed polls are simply not observations.
+later observation of the same channel was withdrawn. Failed polls are simply not observations.
 
 Adapters ask :meth:`Store.due` for the actions due at ``now``, carry them out, and report each
 result with :meth:`Store.record`; an action that failed stays due. Training workers are evicted
@@ -86,7 +86,6 @@ def _whole_seconds(moment: datetime) -> datetime:
 class Store:
     settings: Settings = field(default_factory=Settings)
     _notices: dict[EventId, Tracked] = field(default_factory=dict)
-    _sources: dict[EventId, str] = field(default_factory=dict)
     _pods: dict[PodUid, _PodState] = field(default_factory=dict)
     _node_applied: tuple[tuple[EventId, datetime, bool], ...] = ()
 
@@ -97,25 +96,27 @@ class Store:
         for item in tracked:
             notice = replace(item.notice, deadline=_whole_seconds(item.notice.deadline))
             self._notices[notice.event_id] = replace(item, notice=notice)
-            self._sources[notice.event_id] = notice.source
         self._node_applied = self._node_key(self.active())
 
-    def observe(self, source: str, notices: Iterable[Notice], now: datetime) -> list[EventId]:
-        """A complete, successful observation of ``source``. Returns the ids that are new."""
+    def observe(self, channel: str, notices: Iterable[Notice], now: datetime) -> list[EventId]:
+        """A complete, successful read of ``channel``. Returns the ids that are new."""
         seen: dict[EventId, Notice] = {}
         for notice in notices:
-            if notice.source != source:
-                raise ValueError(f"notice {notice.event_id} is from {notice.source}, not {source}")
+            if notice.channel != channel:
+                raise ValueError(
+                    f"notice {notice.event_id} is from {notice.channel}, not {channel}"
+                )
             seen[notice.event_id] = replace(notice, deadline=_whole_seconds(notice.deadline))
-        for gone in [i for i, s in self._sources.items() if s == source and i not in seen]:
+        withdrawn = [
+            i for i, t in self._notices.items() if t.notice.channel == channel and i not in seen
+        ]
+        for gone in withdrawn:
             del self._notices[gone]
-            del self._sources[gone]
         new: list[EventId] = []
         for event_id, notice in seen.items():
             known = self._notices.get(event_id)
             if known is None:
                 self._notices[event_id] = Tracked(notice=notice, first_seen=utc(now))
-                self._sources[event_id] = source
                 new.append(event_id)
             elif notice.deadline < known.notice.deadline:
                 self._notices[event_id] = replace(known, notice=notice)

@@ -38,6 +38,7 @@ def notice(
     return Notice(
         event_id=EventId(event_id),
         source=source,
+        channel=source,
         kind=Kind.TERMINATE,
         deadline=T0 + timedelta(seconds=lead),
         reason="spot interruption",
