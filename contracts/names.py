@@ -49,6 +49,8 @@ SPOT_LABELS: Final = (
 REVOKING_TAINT: Final = "shoal.dev/revoking"
 REVOCATION_ANNOTATION: Final = "shoal.dev/revocation"
 LEAVE_BY_ANNOTATION: Final = "shoal.dev/leave-by"
+#: Why the pod was asked to leave (human-readable, next to ``shoal.dev/leave-by``).
+LEAVE_REASON_ANNOTATION: Final = "shoal.dev/leave-reason"
 
 # kwok's convention for fake nodes (shared with kwokctl, so anyone's test nodes work).
 KWOK_NODE_ANNOTATION: Final = "kwok.x-k8s.io/node"
