@@ -66,6 +66,8 @@ class _PodState:
     pod: Pod
     #: (event id, deadline) the pod was last told about; None when not under notice.
     notified: tuple[EventId, datetime] | None = None
+    #: The workers heard the notice over gRPC (which goes out before the annotation is written).
+    heard: tuple[EventId, datetime] | None = None
     acked_step: int | None = None
     evict_attempted_at: datetime | None = None
     evicted: bool = False
@@ -92,11 +94,35 @@ class Store:
     # --- inputs -----------------------------------------------------------------------------
 
     def restore(self, tracked: Iterable[Tracked]) -> None:
-        """Start from what the node annotation recorded (the agent restarted mid-notice)."""
+        """Start from what the node annotation recorded (the agent restarted mid-notice).
+
+        The recorded first-seen time and upstream ack win over a fresh observation of the same
+        notice; the node is taken to show exactly the recorded notices.
+        """
+        restored: list[Tracked] = []
         for item in tracked:
             notice = replace(item.notice, deadline=_whole_seconds(item.notice.deadline))
+            restored.append(replace(item, notice=notice))
+            seen = self._notices.get(notice.event_id)
+            if seen is not None and seen.notice.deadline < notice.deadline:
+                notice = seen.notice
             self._notices[notice.event_id] = replace(item, notice=notice)
-        self._node_applied = self._node_key(self.active())
+        restored.sort(key=lambda t: (t.notice.deadline, t.notice.event_id))
+        self._node_applied = self._node_key(tuple(restored))
+        for state in self._pods.values():
+            if state.notified is None:
+                state.notified = self._told_before(state.pod)
+
+    def _told_before(self, pod: Pod) -> tuple[EventId, datetime] | None:
+        """The notice a pod's own ``leave-by`` annotation shows it was already told about."""
+        governing = self.governing()
+        if (
+            governing is not None
+            and pod.leave_by is not None
+            and _whole_seconds(pod.leave_by) == governing.deadline
+        ):
+            return (governing.event_id, governing.deadline)
+        return None
 
     def observe(self, channel: str, notices: Iterable[Notice], now: datetime) -> list[EventId]:
         """A complete, successful read of ``channel``. Returns the ids that are new."""
@@ -127,19 +153,11 @@ class Store:
         current = {pod.uid: pod for pod in pods}
         for uid in [u for u in self._pods if u not in current]:
             del self._pods[uid]
-        governing = self.governing()
         for uid, pod in current.items():
             state = self._pods.get(uid)
             if state is None:
-                state = _PodState(pod=pod)
                 # A restarted agent finds its own earlier notice on the pod: not repeated.
-                if (
-                    governing is not None
-                    and pod.leave_by is not None
-                    and _whole_seconds(pod.leave_by) == governing.deadline
-                ):
-                    state.notified = (governing.event_id, governing.deadline)
-                self._pods[uid] = state
+                self._pods[uid] = _PodState(pod=pod, notified=self._told_before(pod))
             else:
                 state.pod = pod
 
@@ -148,10 +166,16 @@ class Store:
         state = self._pods.get(uid)
         if state is None or state.pod.key != key:
             return AckOutcome.NOT_ON_NODE
-        if state.notified is None:
+        if state.notified is None and state.heard is None:
             return AckOutcome.NOT_UNDER_NOTICE
         state.acked_step = step
         return AckOutcome.ACCEPTED
+
+    def heard(self, uid: PodUid, notice: Notice) -> None:
+        """The pod's workers were told about ``notice`` (they may acknowledge from now on)."""
+        state = self._pods.get(uid)
+        if state is not None:
+            state.heard = (notice.event_id, notice.deadline)
 
     def mark_worker(self, uid: PodUid) -> None:
         """The pod opened a notice watch: it is a training worker whatever its labels say."""
@@ -184,6 +208,26 @@ class Store:
             return governing
         tracked = self._notices.get(state.notified[0])
         return tracked.notice if tracked is not None else None
+
+    def pods_out(self) -> bool:
+        """Every pod that is not a daemon is on its way out (or there are none)."""
+        return all(st.pod.daemon or st.out() for st in self._pods.values())
+
+    def pod_report(self) -> list[dict[str, object]]:
+        """What the store knows of each pod (for ``/status``)."""
+        return [
+            {
+                "pod": st.pod.key,
+                "worker": st.pod.worker,
+                "daemon": st.pod.daemon,
+                "notified": st.notified[0] if st.notified else None,
+                "acked_step": st.acked_step,
+                "evicted": st.evicted,
+                "deleted": st.deleted,
+                "leaving": st.pod.leaving,
+            }
+            for st in sorted(self._pods.values(), key=lambda st: st.pod.key)
+        ]
 
     def pod(self, uid: PodUid) -> Pod | None:
         state = self._pods.get(uid)
@@ -288,6 +332,7 @@ class Store:
                 state = self._pods.get(pod.uid)
                 if ok and state is not None:
                     state.notified = None
+                    state.heard = None
                     state.acked_step = None
             case EvictPod(pod=pod):
                 state = self._pods.get(pod.uid)

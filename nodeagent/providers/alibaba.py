@@ -81,6 +81,9 @@ class AlibabaProvider:
             )
         ]
 
+    def stale_after(self) -> float:
+        return max(10.0, 10 * self.settings.interval)
+
     async def acknowledge(self, notice: Notice) -> None:
         """ECS has no acknowledgement."""
 

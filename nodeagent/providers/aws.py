@@ -164,6 +164,9 @@ class AwsProvider:
             )
         return notices
 
+    def stale_after(self) -> float:
+        return max(10.0, 10 * self.settings.interval)
+
     async def acknowledge(self, notice: Notice) -> None:
         """EC2 has no acknowledgement: the instance goes at the stated time."""
 

@@ -124,6 +124,9 @@ class AzureProvider:
             )
         return notices
 
+    def stale_after(self) -> float:
+        return max(10.0, 10 * self.settings.interval)
+
     async def acknowledge(self, notice: Notice) -> None:
         if notice.upstream_id is None:
             return

@@ -81,6 +81,9 @@ class Provider(Protocol):
     async def watch(self, sink: Sink) -> None:
         """Read the metadata server until cancelled; never raises anything else."""
 
+    def stale_after(self) -> float:
+        """Seconds without a successful read after which the metadata counts as unreachable."""
+
     async def acknowledge(self, notice: Notice) -> None:
         """Tell the cloud it may go ahead (no-op where the cloud has no such call).
 

@@ -33,7 +33,8 @@ from nodeagent.providers.base import (
 )
 from nodeagent.providers.common import plain_body, unexpected
 
-DEFAULT_URL = "http://metadata.google.internal/computeMetadata/v1"
+PATH = "/computeMetadata/v1"
+DEFAULT_URL = "http://metadata.google.internal" + PATH
 FLAVOR = {"Metadata-Flavor": "Google"}
 PREEMPT_LEAD = timedelta(seconds=30)
 MAINTENANCE_LEAD = timedelta(seconds=60)
@@ -130,6 +131,10 @@ class GcpProvider:
                 disruptive=disruptive,
             )
         ]
+
+    def stale_after(self) -> float:
+        # A long-poll legitimately stays silent until the server's own timeout.
+        return self.wait_seconds + self.settings.timeout + max(10.0, 10 * self.settings.interval)
 
     async def acknowledge(self, notice: Notice) -> None:
         """Compute Engine has no acknowledgement."""
