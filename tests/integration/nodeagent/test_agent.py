@@ -5,6 +5,9 @@ a withdrawn notice lifts the taint; a restart mid-notice loses nothing and repea
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -250,3 +253,34 @@ def test_dry_run_goes_through_every_step_but_writes_nothing(dry_scene: Scene) ->
     assert names.LEAVE_BY_ANNOTATION not in (pod.metadata.annotations or {})
     assert disruption_target(pod) is None
     assert pod.metadata.deletion_timestamp is None
+
+
+def test_shell_cli_waits_for_the_notice_and_acknowledges(aws_scene: Scene) -> None:
+    scene = aws_scene
+    pod = scene.pods["trainer-0"]
+    env = {
+        **os.environ,
+        "POD_NAMESPACE": pod.namespace,
+        "POD_NAME": pod.name,
+        "POD_UID": pod.uid,
+        "SHOAL_SOCKET": scene.agent.socket_path,
+    }
+    cli = [sys.executable, "-m", "nodeagent.client"]
+    early = subprocess.run(
+        [*cli, "ack", "1"], check=False, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert early.returncode == 3, early.stderr
+    waiting = subprocess.Popen([*cli, "wait"], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        scene.cloud.post()
+        out, _ = waiting.communicate(timeout=60)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 0
+    notice = json.loads(out)
+    assert notice["source"] == "aws"
+    ack = subprocess.run(
+        [*cli, "ack", "99"], check=False, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert (ack.returncode, ack.stdout.strip()) == (0, "accepted")
+    eventually(lambda: disruption_target(scene.pod("trainer-0")), what="the eviction")
