@@ -23,6 +23,8 @@ from typing import Any, Protocol
 
 import structlog
 
+from contracts import gputopology
+from contracts.gputopology import GpuTopology
 from nodeagent.events import (
     AckUpstream,
     Action,
@@ -39,6 +41,8 @@ from nodeagent.events import (
     WithdrawPod,
     rfc3339,
 )
+from nodeagent.gpu.monitor import GpuMonitor
+from nodeagent.gpu.xid import XidPolicy
 from nodeagent.metrics import Metrics
 from nodeagent.notify.server import NoticeService, message
 from nodeagent.providers import Provider, ProviderError
@@ -60,6 +64,7 @@ class ClusterPort(Protocol):
     def clear_pod(self, pod: Pod) -> bool: ...
     def evict(self, pod: Pod, reason: str) -> bool: ...
     def delete(self, pod: Pod, grace_seconds: int) -> bool: ...
+    def write_topology(self, text: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +120,18 @@ class Agent:
         self._detected: dict[EventId, float] = {}
         self._notified_at: dict[PodUid, float] = {}
         self._drained: set[EventId] = set()
+        self.gpu: GpuMonitor | None = None
+        self._published_topology: str | None = None
+
+    def watch_gpus(self, policy: XidPolicy | None = None) -> None:
+        """Monitor the GPUs through NVML and publish their topology on the node."""
+        self.gpu = GpuMonitor(self.publish_topology, policy)
+
+    async def publish_topology(self, topology: GpuTopology) -> None:
+        text = gputopology.encode(topology)
+        if text != self._published_topology:
+            await asyncio.to_thread(self.cluster.write_topology, text)
+            self._published_topology = text
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -122,6 +139,8 @@ class Agent:
         self._guard("provider", lambda: self.provider.watch(self))
         self._guard("pods", self._pods_loop)
         self._guard("reconcile", self._reconcile_loop)
+        if self.gpu is not None:
+            self._guard("gpu", self.gpu.run)
 
     async def stop(self) -> None:
         for task in self.tasks.values():
@@ -385,7 +404,7 @@ class Agent:
             "api_seconds_since_ok": (
                 None if not self.cluster.last_ok else round(now - self.cluster.last_ok, 3)
             ),
-            "gpu": "not monitored",
+            "gpu": self.gpu.report() if self.gpu is not None else {"state": "disabled"},
             "task_crashes": dict(self.crashes),
         }
 
@@ -419,5 +438,6 @@ class Agent:
             "metadata": metadata,
             "api_server": "ok" if api_ok else "unreachable",
             "restored": self.restored,
-            "gpu": "not monitored",
+            # No GPU or no driver is a state of the node, not a reason to stop serving.
+            "gpu": self.gpu.state if self.gpu is not None else "disabled",
         }

@@ -17,6 +17,7 @@ import structlog
 
 from nodeagent import health
 from nodeagent.agent import Agent, AgentSettings
+from nodeagent.gpu.xid import XidPolicy
 from nodeagent.notify.server import DEFAULT_SOCKET, serve
 from nodeagent.providers import select
 from nodeagent.store import Settings
@@ -41,6 +42,13 @@ def _positive(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
     return value
+
+
+def _xids(text: str) -> frozenset[int]:
+    try:
+        return frozenset(int(part) for part in text.split(",") if part.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected XID numbers like 48,79; got {text!r}") from exc
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -121,6 +129,28 @@ def parser() -> argparse.ArgumentParser:
         600.0,
         _positive,
     )
+    p.add_argument(
+        "--gpu",
+        default=os.environ.get("SHOAL_GPU", "auto"),
+        choices=("auto", "off"),
+        help="auto: watch the GPUs through NVML when a driver is there (its absence is reported, "
+        "not fatal) and publish shoal.dev/gpu-topology [env SHOAL_GPU]",
+    )
+    add(
+        "--xid-fatal",
+        "SHOAL_XID_FATAL",
+        "comma-separated XIDs that mark a GPU failed (default: NVIDIA's reset/replace XIDs)",
+        None,
+        _xids,
+    )
+    add(
+        "--xid-ignore",
+        "SHOAL_XID_IGNORE",
+        "comma-separated XIDs that leave a GPU healthy (default: application errors "
+        "13, 31, 43, 45, 68, 109)",
+        None,
+        _xids,
+    )
     add("--azure-vm-name", "SHOAL_AZURE_VM_NAME", "this VM's name in Azure scheduled events")
     p.add_argument(
         "--log-format",
@@ -180,6 +210,14 @@ async def run(args: argparse.Namespace) -> int:
         )
     )
     agent = Agent(cluster, provider, node_name=args.node_name, settings=settings)
+    if args.gpu == "auto":
+        defaults = XidPolicy()
+        agent.watch_gpus(
+            XidPolicy(
+                ignore=defaults.ignore if args.xid_ignore is None else args.xid_ignore,
+                fatal=defaults.fatal if args.xid_fatal is None else args.xid_fatal,
+            )
+        )
     grpc_server = await serve(agent.service, args.socket)
     host, port = args.listen
     runner, bound = await health.serve(agent, host, port)

@@ -250,6 +250,12 @@ class Cluster:
             return
         raise ApiError("patch node: conflicting writers, gave up after 5 attempts")
 
+    def write_topology(self, text: str) -> None:
+        """The ``shoal.dev/gpu-topology`` annotation (see :mod:`contracts.gputopology`)."""
+        body = {"metadata": {"annotations": {names.GPU_TOPOLOGY_ANNOTATION: text}}}
+        self._call("patch node", self.core.patch_node, self.node_name, body, **self._dry)
+        log.info("gpu_topology_published", node=self.node_name, dry_run=self.dry_run)
+
     def _node_ref(self, node: Any) -> dict[str, Any]:
         return {
             "kind": "Node",

@@ -68,6 +68,7 @@ class AgentProcess:
     metadata_url: str
     workdir: Path
     extra: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
     port: int = 0
     starts: int = 0
@@ -104,6 +105,7 @@ class AgentProcess:
             *self.extra,
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
+        env.update(self.env)
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
         eventually(self.ready, timeout=60, what=f"the agent to be ready ({self.log_path})")
@@ -369,6 +371,17 @@ class Alibaba(Cloud):
 
     def withdraw(self) -> None:
         self.servers.call(lambda: setattr(self.server, "termination_time", None))
+
+
+class NoCloud(Cloud):
+    """``--provider none``: no metadata server at all."""
+
+    name = "none"
+    lead = timedelta(0)
+
+    @property
+    def url(self) -> str:
+        return "http://127.0.0.1:9"
 
 
 CLOUDS: dict[str, type[Cloud]] = {"aws": Aws, "gcp": Gcp, "azure": Azure, "alibaba": Alibaba}

@@ -16,16 +16,18 @@ from typing import Any
 
 import pytest
 
-from contracts import names
+from contracts import gputopology, names
 from devcluster import nodes
 from nodeagent.client import NoticeRefused, PodIdentity
 from nodeagent.events import parse_rfc3339
 from nodeagent.testing import metadata
+from nodeagent.testing import nvml as fake_nvml
 from tests.integration.conftest import Devcluster
 from tests.integration.nodeagent.harness import (
     CLOUDS,
     AgentProcess,
     Cloud,
+    NoCloud,
     Worker,
     disruption_target,
     events,
@@ -70,6 +72,7 @@ def make_scene(
     provider: str,
     *,
     extra: list[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Scene]:
     core = devcluster.core()
     spec = nodes.NodeSpec(count=1, gpus=8, prefix=f"agent-{provider}-{uuid.uuid4().hex[:6]}")
@@ -78,7 +81,7 @@ def make_scene(
     for name, is_worker in (("trainer-0", True), ("metrics-sidecar", False)):
         created = core.create_namespaced_pod(namespace, worker_pod(name, node, worker=is_worker))
         pods[name] = PodIdentity(namespace, name, created.metadata.uid)
-    cloud = CLOUDS[provider](servers)
+    cloud = CLOUDS[provider](servers) if provider in CLOUDS else NoCloud(servers)
     agent = AgentProcess(
         kubeconfig=devcluster.kubeconfig,
         node=node,
@@ -86,6 +89,7 @@ def make_scene(
         metadata_url=cloud.url,
         workdir=tmp_path,
         extra=extra or [],
+        env=env or {},
     )
     agent.start()
     try:
@@ -284,3 +288,47 @@ def test_shell_cli_waits_for_the_notice_and_acknowledges(aws_scene: Scene) -> No
     )
     assert (ack.returncode, ack.stdout.strip()) == (0, "accepted")
     eventually(lambda: disruption_target(scene.pod("trainer-0")), what="the eviction")
+
+
+@pytest.fixture
+def gpu_scene(
+    devcluster: Devcluster,
+    namespace: str,
+    servers: metadata.Threaded,
+    tmp_path: Path,
+) -> Iterator[Scene]:
+    try:
+        libdir = fake_nvml.build(tmp_path / "nvml")
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    env = {
+        "LD_LIBRARY_PATH": str(libdir),
+        "FAKE_NVML_LAYOUT": "islands2x4",
+        "FAKE_NVML_XID_FILE": str(tmp_path / "xid"),
+    }
+    yield from make_scene(devcluster, namespace, servers, tmp_path, "none", env=env)
+
+
+def test_gpu_topology_and_an_xid_fault_reach_the_node_annotation(gpu_scene: Scene) -> None:
+    scene = gpu_scene
+
+    def published() -> gputopology.GpuTopology | None:
+        text = (scene.node_object().metadata.annotations or {})[names.GPU_TOPOLOGY_ANNOTATION]
+        topology = gputopology.decode(text)
+        # The node was created with a synthetic document; the agent's comes from NVML.
+        return topology if topology.gpus[0].uuid.startswith("GPU-fa4e") else None
+
+    topology = eventually(published, what="the NVML topology on the node")
+    assert sorted(sorted(m) for m in topology.islands().values()) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert {g.health for g in topology.gpus} == {"healthy"}
+
+    (scene.agent.workdir / "xid").write_text("3 79\n")
+
+    def gpu3_failed() -> gputopology.GpuTopology | None:
+        current = published()
+        return current if current is not None and current.gpus[3].health == "failed" else None
+
+    faulted = eventually(gpu3_failed, what="XID 79 to mark GPU 3 failed")
+    assert [g.health for g in faulted.gpus].count("healthy") == 7
+    gpu = scene.agent.status()["gpu"]
+    assert (gpu["state"], gpu["last_xid"]) == ("ok", {"3": 79})
