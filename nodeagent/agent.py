@@ -2,7 +2,8 @@
 
 Three guarded background tasks (a crash is logged and the task restarted, never lost):
 
-- the provider's watch, reporting to :meth:`Agent.observed` / :meth:`Agent.failed`;
+- each provider's watch (the cloud's, and the Kubernetes-side signals), reporting to
+  :meth:`Agent.observed` / :meth:`Agent.failed`;
 - the pod list of this node, refreshed every few seconds (every second while a notice is live);
 - the reconcile loop: restores what the node annotation recorded (a restart mid-notice repeats
   nothing), then, whenever woken or when the store's next moment comes, carries out what is due.
@@ -81,6 +82,8 @@ class AgentSettings:
 
 @dataclass(slots=True)
 class ChannelHealth:
+    provider: str = ""
+    stale_after: float = float("inf")
     reads: int = 0
     errors: int = 0
     consecutive_errors: int = 0
@@ -90,11 +93,29 @@ class ChannelHealth:
     last_error_kind: str | None = None
 
 
+class _ProviderSink:
+    """Reports of one provider, tagged with it (which channel is whose, how stale is too old)."""
+
+    def __init__(self, agent: Agent, provider: Provider) -> None:
+        self.agent = agent
+        self.provider = provider
+
+    def observed(self, channel: str, notices: Sequence[Notice]) -> None:
+        self.agent.observed(channel, notices, self.provider)
+
+    def failed(self, channel: str, error: ProviderError) -> None:
+        self.agent.failed(channel, error, self.provider)
+
+
+def _watch(agent: Agent, provider: Provider) -> Callable[[], Awaitable[None]]:
+    return lambda: provider.watch(_ProviderSink(agent, provider))
+
+
 class Agent:
     def __init__(
         self,
         cluster: ClusterPort,
-        provider: Provider,
+        providers: Sequence[Provider],
         *,
         node_name: str,
         settings: AgentSettings | None = None,
@@ -102,7 +123,7 @@ class Agent:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.cluster = cluster
-        self.provider = provider
+        self.providers = list(providers)
         self.node_name = node_name
         self.settings = settings or AgentSettings()
         self.metrics = metrics or Metrics()
@@ -136,7 +157,8 @@ class Agent:
     # --- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._guard("provider", lambda: self.provider.watch(self))
+        for provider in self.providers:
+            self._guard(f"provider-{provider.name}", _watch(self, provider))
         self._guard("pods", self._pods_loop)
         self._guard("reconcile", self._reconcile_loop)
         if self.gpu is not None:
@@ -146,7 +168,8 @@ class Agent:
         for task in self.tasks.values():
             task.cancel()
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
-        await self.provider.aclose()
+        for provider in self.providers:
+            await provider.aclose()
 
     def _guard(self, name: str, run: Callable[[], Awaitable[None]]) -> None:
         async def guarded() -> None:
@@ -168,8 +191,20 @@ class Agent:
 
     # --- provider sink -------------------------------------------------------------------------
 
-    def observed(self, channel: str, notices: Sequence[Notice]) -> None:
-        health = self.channels.setdefault(channel, ChannelHealth())
+    def _channel(self, channel: str, provider: Provider | None) -> ChannelHealth:
+        health = self.channels.get(channel)
+        if health is None:
+            health = ChannelHealth()
+            if provider is not None:
+                health.provider = provider.name
+                health.stale_after = provider.stale_after()
+            self.channels[channel] = health
+        return health
+
+    def observed(
+        self, channel: str, notices: Sequence[Notice], provider: Provider | None = None
+    ) -> None:
+        health = self._channel(channel, provider)
         if health.consecutive_errors:
             log.info("metadata_recovered", channel=channel, after=health.consecutive_errors)
         health.reads += 1
@@ -201,8 +236,8 @@ class Agent:
         if before != after or new:
             self.wake()
 
-    def failed(self, channel: str, error: ProviderError) -> None:
-        health = self.channels.setdefault(channel, ChannelHealth())
+    def failed(self, channel: str, error: ProviderError, provider: Provider | None = None) -> None:
+        health = self._channel(channel, provider)
         health.errors += 1
         health.consecutive_errors += 1
         health.last_error = str(error)
@@ -347,7 +382,9 @@ class Agent:
                     if self.cluster.dry_run:
                         log.info("upstream_ack_skipped", event_id=notice.event_id, dry_run=True)
                         return True
-                    await self.provider.acknowledge(notice)
+                    for provider in self.providers:
+                        if provider.name == notice.source:
+                            await provider.acknowledge(notice)
                     return True
         except Exception as exc:
             log.warning("action_failed", action=type(action).__name__, error=str(exc))
@@ -370,7 +407,7 @@ class Agent:
         now = time.monotonic()
         return {
             "node": self.node_name,
-            "provider": self.provider.name,
+            "providers": [p.name for p in self.providers],
             "dry_run": self.cluster.dry_run,
             "restored": self.restored,
             "notices": [
@@ -418,16 +455,16 @@ class Agent:
     def ready(self) -> tuple[bool, dict[str, Any]]:
         """``/readyz``: metadata read recently, the API server answered recently, state restored."""
         now = time.monotonic()
-        stale_after = self.provider.stale_after()
         metadata: dict[str, str] = {}
-        if self.provider.name == "none":
-            metadata["none"] = "disabled"
-        elif not self.channels:
-            metadata["*"] = "no successful read yet"
+        for provider in self.providers:
+            if provider.name == "none":
+                metadata["none"] = "disabled"
+            elif not any(h.provider == provider.name for h in self.channels.values()):
+                metadata[provider.name] = "no read yet"
         for name, h in self.channels.items():
             if h.last_ok is None:
                 metadata[name] = f"never read: {h.last_error}"
-            elif now - h.last_ok > stale_after:
+            elif now - h.last_ok > h.stale_after:
                 metadata[name] = f"no read for {now - h.last_ok:.0f} s: {h.last_error}"
             else:
                 metadata[name] = "ok"

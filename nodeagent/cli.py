@@ -15,11 +15,13 @@ from typing import Any
 
 import structlog
 
+from contracts.names import REVOKING_TAINT
 from nodeagent import health
 from nodeagent.agent import Agent, AgentSettings
 from nodeagent.gpu.xid import XidPolicy
 from nodeagent.notify.server import DEFAULT_SOCKET, serve
-from nodeagent.providers import select
+from nodeagent.providers import Provider, select
+from nodeagent.providers.kube import DEFAULT_TAINTS, KubeTaintProvider
 from nodeagent.store import Settings
 
 log = structlog.get_logger("nodeagent")
@@ -49,6 +51,13 @@ def _xids(text: str) -> frozenset[int]:
         return frozenset(int(part) for part in text.split(",") if part.strip())
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"expected XID numbers like 48,79; got {text!r}") from exc
+
+
+def _taint_keys(text: str) -> frozenset[str]:
+    keys = frozenset(part.strip() for part in text.split(",") if part.strip())
+    if REVOKING_TAINT in keys:
+        raise argparse.ArgumentTypeError(f"{REVOKING_TAINT} is the agent's own taint")
+    return keys
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -151,6 +160,21 @@ def parser() -> argparse.ArgumentParser:
         None,
         _xids,
     )
+    add(
+        "--kube-taints",
+        "SHOAL_KUBE_TAINTS",
+        "comma-separated node taint keys that announce the node's removal (autoscalers, "
+        "Karpenter, platform handlers); empty to ignore taints",
+        ",".join(DEFAULT_TAINTS),
+        _taint_keys,
+    )
+    add(
+        "--kube-taint-lead",
+        "SHOAL_KUBE_TAINT_LEAD",
+        "seconds the workers get after such a taint appears",
+        120.0,
+        _positive,
+    )
     add("--azure-vm-name", "SHOAL_AZURE_VM_NAME", "this VM's name in Azure scheduled events")
     p.add_argument(
         "--log-format",
@@ -209,7 +233,16 @@ async def run(args: argparse.Namespace) -> int:
             drain_lead=timedelta(seconds=args.drain_lead),
         )
     )
-    agent = Agent(cluster, provider, node_name=args.node_name, settings=settings)
+    providers: list[Provider] = [provider]
+    if args.kube_taints:
+        providers.append(
+            KubeTaintProvider(
+                read_taints=cluster.node_taints,
+                keys=args.kube_taints,
+                lead=timedelta(seconds=args.kube_taint_lead),
+            )
+        )
+    agent = Agent(cluster, providers, node_name=args.node_name, settings=settings)
     if args.gpu == "auto":
         defaults = XidPolicy()
         agent.watch_gpus(

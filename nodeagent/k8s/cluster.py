@@ -183,6 +183,11 @@ class Cluster:
             log.warning("revocation_annotation_unreadable", node=self.node_name, error=str(exc))
             return []
 
+    def node_taints(self) -> list[tuple[str, str]]:
+        """(key, value) of each taint on the node."""
+        node = self._call("read node", self.core.read_node, self.node_name)
+        return [(t.key, t.value or "") for t in node.spec.taints or []]
+
     def list_pods(self) -> list[Pod]:
         pods = self._call(
             "list pods",

@@ -332,3 +332,44 @@ def test_gpu_topology_and_an_xid_fault_reach_the_node_annotation(gpu_scene: Scen
     assert [g.health for g in faulted.gpus].count("healthy") == 7
     gpu = scene.agent.status()["gpu"]
     assert (gpu["state"], gpu["last_xid"]) == ("ok", {"3": 79})
+
+
+@pytest.fixture
+def cloudless_scene(
+    devcluster: Devcluster,
+    namespace: str,
+    servers: metadata.Threaded,
+    tmp_path: Path,
+) -> Iterator[Scene]:
+    yield from make_scene(devcluster, namespace, servers, tmp_path, "none", extra=["--gpu", "off"])
+
+
+def test_an_autoscaler_taint_is_a_notice_and_its_removal_a_withdrawal(
+    cloudless_scene: Scene,
+) -> None:
+    scene = cloudless_scene
+    worker = scene.worker("trainer-0")
+    try:
+        assert worker.next().state == "none"
+        taints = [t.to_dict() for t in scene.node_object().spec.taints or []]
+        added = {
+            "key": "ToBeDeletedByClusterAutoscaler",
+            "value": "1700000000",
+            "effect": "NoSchedule",
+        }
+        scene.core.patch_node(scene.node, {"spec": {"taints": [*taints, added]}})
+
+        heard = worker.until("leave")
+        assert (heard.source, heard.event_id) == (
+            "kubernetes",
+            "kube-taint-ToBeDeletedByClusterAutoscaler",
+        )
+        eventually(lambda: taint(scene.node_object()), what="the revoking taint")
+        assert taint(scene.node_object()).value == "kubernetes"
+
+        scene.core.patch_node(scene.node, {"spec": {"taints": taints}})
+        assert worker.until("withdrawn").state == "withdrawn"
+        eventually(lambda: taint(scene.node_object()) is None, what="the revoking taint lifted")
+    finally:
+        worker.close()
+    assert disruption_target(scene.pod("trainer-0")) is None
