@@ -7,6 +7,12 @@ dry run exercises RBAC and admission exactly as a real one would. Calls are sync
 official client is); the agent runs them in worker threads.
 """
 
-from nodeagent.k8s.cluster import ApiError, Cluster, decode_revocation, encode_revocation
+from nodeagent.k8s.cluster import (
+    ApiError,
+    ApiStatus,
+    Cluster,
+    decode_revocation,
+    encode_revocation,
+)
 
-__all__ = ["ApiError", "Cluster", "decode_revocation", "encode_revocation"]
+__all__ = ["ApiError", "ApiStatus", "Cluster", "decode_revocation", "encode_revocation"]

@@ -1,4 +1,11 @@
-"""Node and pod reads and writes for one node: taint, annotations, Events, eviction."""
+"""Node and pod reads and writes for one node: taint, annotations, Events, eviction.
+
+Requests go through the official client's ``ApiClient`` (kubeconfig or in-cluster auth, TLS,
+token refresh) as plain REST calls on raw JSON. The generated per-resource API classes are not
+used: instantiating ``CoreV1Api`` alone costs the agent about 22 MiB of resident memory (its
+validators), more than everything the agent does with it, and the JSON is converted to our own
+types here anyway.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +18,6 @@ from typing import Any
 
 import structlog
 from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from contracts import names
@@ -31,10 +37,20 @@ log = structlog.get_logger("nodeagent.k8s")
 
 COMPONENT = "shoal-nodeagent"
 _TERMINAL = ("Succeeded", "Failed")
+_MERGE = "application/merge-patch+json"
 
 
 class ApiError(Exception):
     """The API server could not be reached or refused a request the agent needed."""
+
+
+class ApiStatus(ApiError):
+    """The API server answered with an error status."""
+
+    def __init__(self, message: str, status: int, reason: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
 
 
 def encode_revocation(tracked: Sequence[Tracked]) -> str:
@@ -98,12 +114,12 @@ def decode_revocation(text: str) -> list[Tracked]:
     return tracked
 
 
-def _pod(raw: Any) -> Pod:
-    meta = raw.metadata
-    labels = meta.labels or {}
-    annotations = meta.annotations or {}
-    owners = meta.owner_references or []
-    daemon = any(o.kind == "DaemonSet" for o in owners) or (
+def _pod(raw: dict[str, Any]) -> Pod:
+    meta = raw.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    owners = meta.get("ownerReferences") or []
+    daemon = any(o.get("kind") == "DaemonSet" for o in owners) or (
         "kubernetes.io/config.mirror" in annotations
     )
     worker = names.GANG_LABEL in labels or names.POD_GROUP_LABEL in labels
@@ -114,12 +130,12 @@ def _pod(raw: Any) -> Pod:
         except ValueError:
             leave_by = None
     return Pod(
-        key=PodKey(f"{meta.namespace}/{meta.name}"),
-        uid=PodUid(meta.uid),
+        key=PodKey(f"{meta.get('namespace')}/{meta.get('name')}"),
+        uid=PodUid(str(meta.get("uid"))),
         worker=worker,
         daemon=daemon,
         leave_by=leave_by,
-        leaving=meta.deletion_timestamp is not None,
+        leaving=meta.get("deletionTimestamp") is not None,
     )
 
 
@@ -132,11 +148,6 @@ class Cluster:
     dry_run: bool = False
     #: Monotonic time of the last successful API call (for /readyz).
     last_ok: float = field(default=0.0, init=False)
-    core: Any = field(init=False)
-    policy: Any = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.core = client.CoreV1Api(self.api)
 
     @classmethod
     def connect(cls, kubeconfig: str | None, node_name: str, *, dry_run: bool) -> Cluster:
@@ -151,30 +162,58 @@ class Cluster:
     def close(self) -> None:
         self.api.close()
 
-    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def _request(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        *,
+        query: dict[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        """One API call on raw JSON; returns the decoded answer.
+
+        Raises :class:`ApiStatus` for an error status and :class:`ApiError` when the server
+        cannot be reached.
+        """
+        params = dict(query or {})
+        if self.dry_run and method != "GET":
+            params["dryRun"] = "All"
+        _method, url, headers, data, _post = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=list(params.items()),
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
         try:
-            result = fn(*args, **kwargs)
-        except ApiException:
-            self.last_ok = time.monotonic()  # the server answered
-            raise
+            resp = self.api.call_api(
+                method, url, header_params=headers, body=data, _request_timeout=30
+            )
+            raw = resp.read()
         except (HTTPError, OSError) as exc:
             raise ApiError(f"{what}: API server unreachable: {exc}") from exc
         self.last_ok = time.monotonic()
-        return result
+        if resp.status >= 400:
+            detail = raw.decode("utf-8", "replace")[:300] if raw else ""
+            raise ApiStatus(f"{what}: HTTP {resp.status}: {detail}", resp.status, resp.reason)
+        return json.loads(raw) if raw else None
 
     @property
-    def _dry(self) -> dict[str, str]:
-        return {"dry_run": "All"} if self.dry_run else {}
+    def _node_path(self) -> str:
+        return f"/api/v1/nodes/{self.node_name}"
 
     # --- reads ---------------------------------------------------------------------------------
 
     def ping(self) -> None:
-        self._call("read node", self.core.read_node, self.node_name)
+        self._request("read node", "GET", self._node_path)
 
     def read_revocation(self) -> list[Tracked]:
         """What the node annotation says the agent was doing (empty when nothing or unreadable)."""
-        node = self._call("read node", self.core.read_node, self.node_name)
-        text = (node.metadata.annotations or {}).get(names.REVOCATION_ANNOTATION)
+        node = self._request("read node", "GET", self._node_path)
+        text = (node["metadata"].get("annotations") or {}).get(names.REVOCATION_ANNOTATION)
         if not text:
             return []
         try:
@@ -185,27 +224,33 @@ class Cluster:
 
     def node_taints(self) -> list[tuple[str, str]]:
         """(key, value) of each taint on the node."""
-        node = self._call("read node", self.core.read_node, self.node_name)
-        return [(t.key, t.value or "") for t in node.spec.taints or []]
+        node = self._request("read node", "GET", self._node_path)
+        taints = (node.get("spec") or {}).get("taints") or []
+        return [(str(t.get("key", "")), str(t.get("value") or "")) for t in taints]
 
     def list_pods(self) -> list[Pod]:
-        pods = self._call(
+        pods = self._request(
             "list pods",
-            self.core.list_pod_for_all_namespaces,
-            field_selector=f"spec.nodeName={self.node_name}",
+            "GET",
+            "/api/v1/pods",
+            query={"fieldSelector": f"spec.nodeName={self.node_name}"},
         )
-        return [_pod(p) for p in pods.items if (p.status.phase or "") not in _TERMINAL]
+        return [
+            _pod(p)
+            for p in pods.get("items") or []
+            if ((p.get("status") or {}).get("phase") or "") not in _TERMINAL
+        ]
 
     # --- writes --------------------------------------------------------------------------------
 
     def sync_node(self, tracked: Sequence[Tracked]) -> None:
         """Taint and annotate the node for ``tracked`` (or clear both when it is empty)."""
         for _attempt in range(5):
-            node = self._call("read node", self.core.read_node, self.node_name)
-            taints = [
-                t.to_dict() for t in (node.spec.taints or []) if t.key != names.REVOKING_TAINT
-            ]
-            had_taint = len(taints) != len(node.spec.taints or [])
+            node = self._request("read node", "GET", self._node_path)
+            meta, spec = node["metadata"], node.get("spec") or {}
+            present = spec.get("taints") or []
+            taints = [t for t in present if t.get("key") != names.REVOKING_TAINT]
+            had_taint = len(taints) != len(present)
             annotation: str | None = None
             if tracked:
                 first = tracked[0].notice
@@ -213,39 +258,37 @@ class Cluster:
                     {"key": names.REVOKING_TAINT, "value": first.source, "effect": "NoSchedule"}
                 )
                 annotation = encode_revocation(tracked)
-            current = (node.metadata.annotations or {}).get(names.REVOCATION_ANNOTATION)
+            current = (meta.get("annotations") or {}).get(names.REVOCATION_ANNOTATION)
             if current == annotation and had_taint == bool(tracked):
                 return
             body = {
                 # resourceVersion makes this a compare-and-swap on the whole taint list.
                 "metadata": {
-                    "resourceVersion": node.metadata.resource_version,
+                    "resourceVersion": meta["resourceVersion"],
                     "annotations": {names.REVOCATION_ANNOTATION: annotation},
                 },
-                "spec": {"taints": [_camel_taint(t) for t in taints]},
+                "spec": {"taints": taints},
             }
             try:
-                self._call("patch node", self.core.patch_node, self.node_name, body, **self._dry)
-            except ApiException as exc:
+                self._request(
+                    "patch node", "PATCH", self._node_path, body=body, content_type=_MERGE
+                )
+            except ApiStatus as exc:
                 if exc.status == 409:
                     continue
                 raise
+            ref = self._node_ref(meta["uid"])
             if tracked and not had_taint:
                 first = tracked[0].notice
                 self.event(
-                    self._node_ref(node),
+                    ref,
                     "Revoking",
                     f"{first.source} {first.kind.value} by {rfc3339(first.deadline)}: "
                     f"{first.reason} (event {first.event_id})",
                     "Warning",
                 )
             elif not tracked and had_taint:
-                self.event(
-                    self._node_ref(node),
-                    "RevocationWithdrawn",
-                    "The notice was withdrawn",
-                    "Normal",
-                )
+                self.event(ref, "RevocationWithdrawn", "The notice was withdrawn", "Normal")
             log.info(
                 "node_synced",
                 node=self.node_name,
@@ -258,16 +301,11 @@ class Cluster:
     def write_topology(self, text: str) -> None:
         """The ``shoal.dev/gpu-topology`` annotation (see :mod:`contracts.gputopology`)."""
         body = {"metadata": {"annotations": {names.GPU_TOPOLOGY_ANNOTATION: text}}}
-        self._call("patch node", self.core.patch_node, self.node_name, body, **self._dry)
+        self._request("patch node", "PATCH", self._node_path, body=body, content_type=_MERGE)
         log.info("gpu_topology_published", node=self.node_name, dry_run=self.dry_run)
 
-    def _node_ref(self, node: Any) -> dict[str, Any]:
-        return {
-            "kind": "Node",
-            "apiVersion": "v1",
-            "name": self.node_name,
-            "uid": node.metadata.uid,
-        }
+    def _node_ref(self, uid: str) -> dict[str, Any]:
+        return {"kind": "Node", "apiVersion": "v1", "name": self.node_name, "uid": uid}
 
     @staticmethod
     def _pod_ref(pod: Pod) -> dict[str, Any]:
@@ -329,10 +367,14 @@ class Cluster:
 
     def _patch_pod(self, name: str, namespace: str, body: dict[str, Any]) -> bool:
         try:
-            self._call(
-                "patch pod", self.core.patch_namespaced_pod, name, namespace, body, **self._dry
+            self._request(
+                "patch pod",
+                "PATCH",
+                f"/api/v1/namespaces/{namespace}/pods/{name}",
+                body=body,
+                content_type=_MERGE,
             )
-        except ApiException as exc:
+        except ApiStatus as exc:
             # 404: gone; 409/422: the uid precondition failed (a new pod under the same name).
             if exc.status in (404, 409, 422):
                 return False
@@ -343,20 +385,27 @@ class Cluster:
         """Evict through the Eviction API (PDBs respected; the API server adds the
         ``DisruptionTarget`` condition). False when refused (429: a PDB said no)."""
         namespace, name = pod.key.split("/", 1)
-        body = client.V1Eviction(
-            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
-            delete_options=client.V1DeleteOptions(
-                preconditions=client.V1Preconditions(uid=pod.uid),
-                dry_run=["All"] if self.dry_run else None,
-            ),
-        )
+        delete_options: dict[str, Any] = {"preconditions": {"uid": pod.uid}}
+        if self.dry_run:
+            delete_options["dryRun"] = ["All"]
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": delete_options,
+        }
         try:
-            self._call("evict pod", self.core.create_namespaced_pod_eviction, name, namespace, body)
-        except ApiException as exc:
+            self._request(
+                "evict pod",
+                "POST",
+                f"/api/v1/namespaces/{namespace}/pods/{name}/eviction",
+                body=body,
+            )
+        except ApiStatus as exc:
             if exc.status in (404, 409):
                 return True  # already gone, or a different pod now has the name
             if exc.status == 429:
-                log.info("eviction_refused", pod=pod.key, reason=reason, detail=exc.reason)
+                log.info("eviction_refused", pod=pod.key, reason=reason, detail=str(exc))
                 return False
             raise
         log.info("pod_evicted", pod=pod.key, reason=reason, dry_run=self.dry_run)
@@ -364,17 +413,17 @@ class Cluster:
 
     def delete(self, pod: Pod, grace_seconds: int) -> bool:
         namespace, name = pod.key.split("/", 1)
+        body = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "gracePeriodSeconds": grace_seconds,
+            "preconditions": {"uid": pod.uid},
+        }
         try:
-            self._call(
-                "delete pod",
-                self.core.delete_namespaced_pod,
-                name,
-                namespace,
-                grace_period_seconds=grace_seconds,
-                body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=pod.uid)),
-                **self._dry,
+            self._request(
+                "delete pod", "DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body=body
             )
-        except ApiException as exc:
+        except ApiStatus as exc:
             if exc.status in (404, 409):
                 return True
             raise
@@ -384,7 +433,7 @@ class Cluster:
     def event(self, involved: dict[str, Any], reason: str, message: str, kind: str) -> None:
         """Record a Kubernetes Event; a failure here is logged, never raised."""
         namespace = involved.get("namespace") or "default"
-        now = datetime.now(UTC)
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
             "involvedObject": involved,
@@ -399,15 +448,8 @@ class Cluster:
             "count": 1,
         }
         try:
-            self._call(
-                "create event", self.core.create_namespaced_event, namespace, body, **self._dry
+            self._request(
+                "create event", "POST", f"/api/v1/namespaces/{namespace}/events", body=body
             )
-        except (ApiException, ApiError) as exc:
+        except ApiError as exc:
             log.warning("event_not_recorded", reason=reason, error=str(exc))
-
-
-def _camel_taint(taint: dict[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in taint.items() if v is not None and k != "time_added"}
-    if taint.get("time_added") is not None:
-        out["timeAdded"] = taint["time_added"]
-    return out
