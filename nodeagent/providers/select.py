@@ -89,7 +89,7 @@ async def _answers(name: str, base: str, probe_seconds: float) -> bool:
     http = Http(HttpSettings(base, timeout=probe_seconds))
     try:
         if name == "gcp":
-            resp = await http.request("GET", "/instance/id", headers=gcp.FLAVOR)
+            resp = await http.request("GET", "/instance/preempted", headers=gcp.FLAVOR)
             return resp.headers.get("Metadata-Flavor") == "Google"
         if name == "azure":
             resp = await http.request("GET", azure.PATH, headers=azure.HEADERS, params=azure.API)

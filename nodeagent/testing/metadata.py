@@ -201,7 +201,7 @@ class GcpMetadata(_Server):
             return web.Response(status=403, text="Missing Metadata-Flavor:Google header.")
         path = request.match_info["path"]
         if path not in self.values:
-            return web.Response(status=404)
+            return web.Response(status=404, headers={"Metadata-Flavor": "Google"})
         if request.query.get("wait_for_change") == "true":
             self.long_polls += 1
             last = request.query.get("last_etag")
