@@ -51,6 +51,8 @@ REVOCATION_ANNOTATION: Final = "shoal.dev/revocation"
 LEAVE_BY_ANNOTATION: Final = "shoal.dev/leave-by"
 #: Set with ``shoal.dev/leave-by`` when the scheduler reclaims a pod: the gang it makes room for.
 RECLAIMED_FOR_ANNOTATION: Final = "shoal.dev/reclaimed-for"
+#: Why the pod was asked to leave (human-readable, next to ``shoal.dev/leave-by``).
+LEAVE_REASON_ANNOTATION: Final = "shoal.dev/leave-reason"
 
 # kwok's convention for fake nodes (shared with kwokctl, so anyone's test nodes work).
 KWOK_NODE_ANNOTATION: Final = "kwok.x-k8s.io/node"

@@ -1,0 +1,108 @@
+"""Async client for ``shoal.v1.Notices`` (used by training code, the CLI and the tests)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import grpc
+
+from nodeagent.notify import notices_pb2 as pb
+from nodeagent.notify import rpc
+
+DEFAULT_SOCKET = "/run/shoal/agent.sock"
+
+
+class NoticeRefused(Exception):
+    """The agent refused the call (the pod is not on its node, or not under notice)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodIdentity:
+    namespace: str
+    name: str
+    uid: str
+
+    @classmethod
+    def from_env(cls) -> PodIdentity:
+        try:
+            return cls(os.environ["POD_NAMESPACE"], os.environ["POD_NAME"], os.environ["POD_UID"])
+        except KeyError as exc:
+            raise NoticeRefused(
+                f"{exc.args[0]} is not set: expose it with the Downward API"
+            ) from exc
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveNotice:
+    """One update: ``leave`` with a deadline, or nothing planned / withdrawn."""
+
+    state: str  # none, leave, withdrawn
+    event_id: str = ""
+    kind: str = ""
+    source: str = ""
+    reason: str = ""
+    leave_by: datetime | None = None
+
+    @property
+    def leave(self) -> bool:
+        return self.state == "leave"
+
+
+def _notice(raw: Any) -> LeaveNotice:
+    state = {pb.Notice.LEAVE: "leave", pb.Notice.WITHDRAWN: "withdrawn"}.get(raw.state, "none")
+    leave_by = (
+        datetime.fromtimestamp(raw.leave_by_unix_ms / 1000, tz=UTC)
+        if raw.leave_by_unix_ms
+        else None
+    )
+    return LeaveNotice(
+        state=state,
+        event_id=raw.event_id,
+        kind=raw.kind,
+        source=raw.source,
+        reason=raw.reason,
+        leave_by=leave_by,
+    )
+
+
+class NoticeClient:
+    def __init__(self, pod: PodIdentity, socket_path: str = DEFAULT_SOCKET) -> None:
+        self.pod = pod
+        self.target = f"unix:{socket_path}"
+
+    @classmethod
+    def from_env(cls) -> NoticeClient:
+        return cls(PodIdentity.from_env(), os.environ.get("SHOAL_SOCKET", DEFAULT_SOCKET))
+
+    def _identity(self) -> pb.PodIdentity:
+        return pb.PodIdentity(namespace=self.pod.namespace, name=self.pod.name, uid=self.pod.uid)
+
+    async def watch(self) -> AsyncIterator[LeaveNotice]:
+        """The pod's notice state now, then each change, until the agent goes away."""
+        async with grpc.aio.insecure_channel(self.target) as channel:
+            stub = rpc.NoticesStub(channel)
+            call = stub.Watch(pb.WatchRequest(pod=self._identity()))
+            try:
+                async for raw in call:
+                    yield _notice(raw)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+                    raise NoticeRefused(exc.details()) from exc
+                raise
+            finally:
+                call.cancel()
+
+    async def acknowledge(self, step: int) -> str:
+        """Checkpoint done at ``step``. Returns ``accepted``; raises :class:`NoticeRefused`."""
+        async with grpc.aio.insecure_channel(self.target) as channel:
+            stub = rpc.NoticesStub(channel)
+            reply = await stub.Acknowledge(
+                pb.AcknowledgeRequest(pod=self._identity(), step=step), timeout=10
+            )
+        if not reply.accepted:
+            raise NoticeRefused(str(reply.detail))
+        return str(reply.detail)

@@ -1,0 +1,455 @@
+"""Node and pod reads and writes for one node: taint, annotations, Events, eviction.
+
+Requests go through the official client's ``ApiClient`` (kubeconfig or in-cluster auth, TLS,
+token refresh) as plain REST calls on raw JSON. The generated per-resource API classes are not
+used: instantiating ``CoreV1Api`` alone costs the agent about 22 MiB of resident memory (its
+validators), more than everything the agent does with it, and the JSON is converted to our own
+types here anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from kubernetes import client, config
+from urllib3.exceptions import HTTPError
+
+from contracts import names
+from nodeagent.events import (
+    EventId,
+    Kind,
+    Notice,
+    Pod,
+    PodKey,
+    PodUid,
+    Tracked,
+    parse_rfc3339,
+    rfc3339,
+)
+
+log = structlog.get_logger("nodeagent.k8s")
+
+COMPONENT = "shoal-nodeagent"
+_TERMINAL = ("Succeeded", "Failed")
+_MERGE = "application/merge-patch+json"
+
+
+class ApiError(Exception):
+    """The API server could not be reached or refused a request the agent needed."""
+
+
+class ApiStatus(ApiError):
+    """The API server answered with an error status."""
+
+    def __init__(self, message: str, status: int, reason: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+def encode_revocation(tracked: Sequence[Tracked]) -> str:
+    """The ``shoal.dev/revocation`` value: the most urgent notice's source, event id and deadline
+    at the top level (what people and the scheduler read), every live notice under ``notices``
+    (what a restarted agent reads)."""
+    first = tracked[0].notice
+    doc = {
+        "source": first.source,
+        "event_id": first.event_id,
+        "deadline": rfc3339(first.deadline),
+        "kind": first.kind.value,
+        "reason": first.reason,
+        "notices": [
+            {
+                "event_id": t.notice.event_id,
+                "source": t.notice.source,
+                "channel": t.notice.channel,
+                "kind": t.notice.kind.value,
+                "deadline": rfc3339(t.notice.deadline),
+                "reason": t.notice.reason,
+                "disruptive": t.notice.disruptive,
+                "upstream_id": t.notice.upstream_id,
+                "first_seen": rfc3339(t.first_seen),
+                "upstream_acked": t.upstream_acked,
+            }
+            for t in tracked
+        ],
+    }
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def decode_revocation(text: str) -> list[Tracked]:
+    """Parse what :func:`encode_revocation` wrote; raises ``ValueError`` naming the field."""
+    doc = json.loads(text)
+    if not isinstance(doc, dict) or not isinstance(doc.get("notices"), list):
+        raise ValueError("notices: missing")
+    tracked: list[Tracked] = []
+    for i, raw in enumerate(doc["notices"]):
+        try:
+            upstream = raw.get("upstream_id")
+            notice = Notice(
+                event_id=EventId(str(raw["event_id"])),
+                source=str(raw["source"]),
+                channel=str(raw["channel"]),
+                kind=Kind(raw["kind"]),
+                deadline=parse_rfc3339(raw["deadline"]),
+                reason=str(raw.get("reason", "")),
+                disruptive=bool(raw.get("disruptive", True)),
+                upstream_id=None if upstream is None else str(upstream),
+            )
+            tracked.append(
+                Tracked(
+                    notice=notice,
+                    first_seen=parse_rfc3339(raw["first_seen"]),
+                    upstream_acked=bool(raw.get("upstream_acked", False)),
+                )
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"notices[{i}]: {exc}") from exc
+    return tracked
+
+
+def _pod(raw: dict[str, Any]) -> Pod:
+    meta = raw.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    owners = meta.get("ownerReferences") or []
+    daemon = any(o.get("kind") == "DaemonSet" for o in owners) or (
+        "kubernetes.io/config.mirror" in annotations
+    )
+    worker = names.GANG_LABEL in labels or names.POD_GROUP_LABEL in labels
+    leave_by = None
+    if names.LEAVE_BY_ANNOTATION in annotations:
+        try:
+            leave_by = parse_rfc3339(annotations[names.LEAVE_BY_ANNOTATION])
+        except ValueError:
+            leave_by = None
+    return Pod(
+        key=PodKey(f"{meta.get('namespace')}/{meta.get('name')}"),
+        uid=PodUid(str(meta.get("uid"))),
+        worker=worker,
+        daemon=daemon,
+        leave_by=leave_by,
+        leaving=meta.get("deletionTimestamp") is not None,
+    )
+
+
+@dataclass(slots=True)
+class Cluster:
+    """The API calls the agent makes, for the node ``node_name``."""
+
+    api: Any  # kubernetes.client.ApiClient
+    node_name: str
+    dry_run: bool = False
+    #: Monotonic time of the last successful API call (for /readyz).
+    last_ok: float = field(default=0.0, init=False)
+
+    @classmethod
+    def connect(cls, kubeconfig: str | None, node_name: str, *, dry_run: bool) -> Cluster:
+        """From a kubeconfig file, or the pod's service account when ``kubeconfig`` is None."""
+        if kubeconfig:
+            api = config.new_client_from_config(config_file=kubeconfig)
+        else:
+            config.load_incluster_config()
+            api = client.ApiClient()
+        return cls(api=api, node_name=node_name, dry_run=dry_run)
+
+    def close(self) -> None:
+        self.api.close()
+
+    def _request(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        *,
+        query: dict[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        """One API call on raw JSON; returns the decoded answer.
+
+        Raises :class:`ApiStatus` for an error status and :class:`ApiError` when the server
+        cannot be reached.
+        """
+        params = dict(query or {})
+        if self.dry_run and method != "GET":
+            params["dryRun"] = "All"
+        _method, url, headers, data, _post = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=list(params.items()),
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        try:
+            resp = self.api.call_api(
+                method, url, header_params=headers, body=data, _request_timeout=30
+            )
+            raw = resp.read()
+        except (HTTPError, OSError) as exc:
+            raise ApiError(f"{what}: API server unreachable: {exc}") from exc
+        self.last_ok = time.monotonic()
+        if resp.status >= 400:
+            detail = raw.decode("utf-8", "replace")[:300] if raw else ""
+            raise ApiStatus(f"{what}: HTTP {resp.status}: {detail}", resp.status, resp.reason)
+        return json.loads(raw) if raw else None
+
+    @property
+    def _node_path(self) -> str:
+        return f"/api/v1/nodes/{self.node_name}"
+
+    # --- reads ---------------------------------------------------------------------------------
+
+    def ping(self) -> None:
+        self._request("read node", "GET", self._node_path)
+
+    def read_revocation(self) -> list[Tracked]:
+        """What the node annotation says the agent was doing (empty when nothing or unreadable)."""
+        node = self._request("read node", "GET", self._node_path)
+        text = (node["metadata"].get("annotations") or {}).get(names.REVOCATION_ANNOTATION)
+        if not text:
+            return []
+        try:
+            return decode_revocation(text)
+        except ValueError as exc:
+            log.warning("revocation_annotation_unreadable", node=self.node_name, error=str(exc))
+            return []
+
+    def node_taints(self) -> list[tuple[str, str]]:
+        """(key, value) of each taint on the node."""
+        node = self._request("read node", "GET", self._node_path)
+        taints = (node.get("spec") or {}).get("taints") or []
+        return [(str(t.get("key", "")), str(t.get("value") or "")) for t in taints]
+
+    def list_pods(self) -> list[Pod]:
+        pods = self._request(
+            "list pods",
+            "GET",
+            "/api/v1/pods",
+            query={"fieldSelector": f"spec.nodeName={self.node_name}"},
+        )
+        return [
+            _pod(p)
+            for p in pods.get("items") or []
+            if ((p.get("status") or {}).get("phase") or "") not in _TERMINAL
+        ]
+
+    # --- writes --------------------------------------------------------------------------------
+
+    def sync_node(self, tracked: Sequence[Tracked]) -> None:
+        """Taint and annotate the node for ``tracked`` (or clear both when it is empty)."""
+        for _attempt in range(5):
+            node = self._request("read node", "GET", self._node_path)
+            meta, spec = node["metadata"], node.get("spec") or {}
+            present = spec.get("taints") or []
+            taints = [t for t in present if t.get("key") != names.REVOKING_TAINT]
+            had_taint = len(taints) != len(present)
+            annotation: str | None = None
+            if tracked:
+                first = tracked[0].notice
+                taints.append(
+                    {"key": names.REVOKING_TAINT, "value": first.source, "effect": "NoSchedule"}
+                )
+                annotation = encode_revocation(tracked)
+            current = (meta.get("annotations") or {}).get(names.REVOCATION_ANNOTATION)
+            if current == annotation and had_taint == bool(tracked):
+                return
+            body = {
+                # resourceVersion makes this a compare-and-swap on the whole taint list.
+                "metadata": {
+                    "resourceVersion": meta["resourceVersion"],
+                    "annotations": {names.REVOCATION_ANNOTATION: annotation},
+                },
+                "spec": {"taints": taints},
+            }
+            try:
+                self._request(
+                    "patch node", "PATCH", self._node_path, body=body, content_type=_MERGE
+                )
+            except ApiStatus as exc:
+                if exc.status == 409:
+                    continue
+                raise
+            ref = self._node_ref(meta["uid"])
+            if tracked and not had_taint:
+                first = tracked[0].notice
+                self.event(
+                    ref,
+                    "Revoking",
+                    f"{first.source} {first.kind.value} by {rfc3339(first.deadline)}: "
+                    f"{first.reason} (event {first.event_id})",
+                    "Warning",
+                )
+            elif not tracked and had_taint:
+                self.event(ref, "RevocationWithdrawn", "The notice was withdrawn", "Normal")
+            log.info(
+                "node_synced",
+                node=self.node_name,
+                notices=[t.notice.event_id for t in tracked],
+                dry_run=self.dry_run,
+            )
+            return
+        raise ApiError("patch node: conflicting writers, gave up after 5 attempts")
+
+    def write_topology(self, text: str) -> None:
+        """The ``shoal.dev/gpu-topology`` annotation (see :mod:`contracts.gputopology`)."""
+        body = {"metadata": {"annotations": {names.GPU_TOPOLOGY_ANNOTATION: text}}}
+        self._request("patch node", "PATCH", self._node_path, body=body, content_type=_MERGE)
+        log.info("gpu_topology_published", node=self.node_name, dry_run=self.dry_run)
+
+    def _node_ref(self, uid: str) -> dict[str, Any]:
+        return {"kind": "Node", "apiVersion": "v1", "name": self.node_name, "uid": uid}
+
+    @staticmethod
+    def _pod_ref(pod: Pod) -> dict[str, Any]:
+        namespace, name = pod.key.split("/", 1)
+        return {
+            "kind": "Pod",
+            "apiVersion": "v1",
+            "namespace": namespace,
+            "name": name,
+            "uid": pod.uid,
+        }
+
+    def annotate_pod(self, pod: Pod, notice: Notice) -> bool:
+        """``shoal.dev/leave-by`` and the reason, plus an Event. False when the pod is gone."""
+        namespace, name = pod.key.split("/", 1)
+        body = {
+            "metadata": {
+                "uid": pod.uid,
+                "annotations": {
+                    names.LEAVE_BY_ANNOTATION: rfc3339(notice.deadline),
+                    names.LEAVE_REASON_ANNOTATION: f"{notice.source} {notice.kind.value}: "
+                    f"{notice.reason}",
+                },
+            }
+        }
+        if not self._patch_pod(name, namespace, body):
+            return False
+        self.event(
+            self._pod_ref(pod),
+            "LeaveBy",
+            f"Checkpoint and leave by {rfc3339(notice.deadline)}: {notice.source} "
+            f"{notice.kind.value} ({notice.reason}, event {notice.event_id})",
+            "Warning",
+        )
+        log.info(
+            "pod_notified",
+            pod=pod.key,
+            event_id=notice.event_id,
+            deadline=rfc3339(notice.deadline),
+            dry_run=self.dry_run,
+        )
+        return True
+
+    def clear_pod(self, pod: Pod) -> bool:
+        namespace, name = pod.key.split("/", 1)
+        body = {
+            "metadata": {
+                "uid": pod.uid,
+                "annotations": {
+                    names.LEAVE_BY_ANNOTATION: None,
+                    names.LEAVE_REASON_ANNOTATION: None,
+                },
+            }
+        }
+        if not self._patch_pod(name, namespace, body):
+            return False
+        self.event(self._pod_ref(pod), "LeaveWithdrawn", "The notice was withdrawn", "Normal")
+        return True
+
+    def _patch_pod(self, name: str, namespace: str, body: dict[str, Any]) -> bool:
+        try:
+            self._request(
+                "patch pod",
+                "PATCH",
+                f"/api/v1/namespaces/{namespace}/pods/{name}",
+                body=body,
+                content_type=_MERGE,
+            )
+        except ApiStatus as exc:
+            # 404: gone; 409/422: the uid precondition failed (a new pod under the same name).
+            if exc.status in (404, 409, 422):
+                return False
+            raise
+        return True
+
+    def evict(self, pod: Pod, reason: str) -> bool:
+        """Evict through the Eviction API (PDBs respected; the API server adds the
+        ``DisruptionTarget`` condition). False when refused (429: a PDB said no)."""
+        namespace, name = pod.key.split("/", 1)
+        delete_options: dict[str, Any] = {"preconditions": {"uid": pod.uid}}
+        if self.dry_run:
+            delete_options["dryRun"] = ["All"]
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": delete_options,
+        }
+        try:
+            self._request(
+                "evict pod",
+                "POST",
+                f"/api/v1/namespaces/{namespace}/pods/{name}/eviction",
+                body=body,
+            )
+        except ApiStatus as exc:
+            if exc.status in (404, 409):
+                return True  # already gone, or a different pod now has the name
+            if exc.status == 429:
+                log.info("eviction_refused", pod=pod.key, reason=reason, detail=str(exc))
+                return False
+            raise
+        log.info("pod_evicted", pod=pod.key, reason=reason, dry_run=self.dry_run)
+        return True
+
+    def delete(self, pod: Pod, grace_seconds: int) -> bool:
+        namespace, name = pod.key.split("/", 1)
+        body = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "gracePeriodSeconds": grace_seconds,
+            "preconditions": {"uid": pod.uid},
+        }
+        try:
+            self._request(
+                "delete pod", "DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body=body
+            )
+        except ApiStatus as exc:
+            if exc.status in (404, 409):
+                return True
+            raise
+        log.warning("pod_deleted", pod=pod.key, grace_seconds=grace_seconds, dry_run=self.dry_run)
+        return True
+
+    def event(self, involved: dict[str, Any], reason: str, message: str, kind: str) -> None:
+        """Record a Kubernetes Event; a failure here is logged, never raised."""
+        namespace = involved.get("namespace") or "default"
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
+            "involvedObject": involved,
+            "reason": reason,
+            "message": message[:1024],
+            "type": kind,
+            "source": {"component": COMPONENT, "host": self.node_name},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.node_name,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self._request(
+                "create event", "POST", f"/api/v1/namespaces/{namespace}/events", body=body
+            )
+        except ApiError as exc:
+            log.warning("event_not_recorded", reason=reason, error=str(exc))

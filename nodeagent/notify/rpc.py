@@ -1,0 +1,9 @@
+"""Typed handles on the generated (unannotated) gRPC glue; hand-written code imports these."""
+
+from typing import Any
+
+from nodeagent.notify import notices_pb2_grpc as _generated
+
+NoticesStub: Any = _generated.NoticesStub
+NoticesServicer: Any = _generated.NoticesServicer
+add_servicer: Any = _generated.add_NoticesServicer_to_server

@@ -1,0 +1,29 @@
+"""Cloud revocation monitors: one module per cloud behind the :class:`Provider` protocol.
+
+A provider reads its cloud's metadata server and reports *complete* observations of each of its
+channels (``aws/spot``, ``gcp/preempted``, ...) to a :class:`Sink`; failures are reported too and
+never end the watch. Deduplication and withdrawal are the store's job, not the provider's: a
+provider only has to derive a stable event id from what the cloud says.
+"""
+
+from nodeagent.providers.base import (
+    BadBody,
+    BadStatus,
+    HttpSettings,
+    Provider,
+    ProviderError,
+    Sink,
+    TooLarge,
+    Unreachable,
+)
+
+__all__ = [
+    "BadBody",
+    "BadStatus",
+    "HttpSettings",
+    "Provider",
+    "ProviderError",
+    "Sink",
+    "TooLarge",
+    "Unreachable",
+]

@@ -1,0 +1,350 @@
+"""The agent's core: which notices are live, and what is due at ``now``. Pure, no I/O.
+
+State machine of a pod under notice (one per pod uid)::
+
+    seen --NotifyPod--> notified --ack or deadline-evict_margin--> EvictPod --accepted--> evicted
+                           |                                          | refused (PDB): retry
+                           +--notice withdrawn--> WithdrawPod --> seen
+    any of notified/evicted --deadline-delete_margin--> DeletePod (last resort, once)
+
+Notices come in as complete observations per channel (:meth:`Store.observe`): an id seen before
+is the same notice (deduplicated; its deadline may only move earlier), an id missing from a
+later observation of the same channel was withdrawn. Failed polls are simply not observations.
+
+Adapters ask :meth:`Store.due` for the actions due at ``now``, carry them out, and report each
+result with :meth:`Store.record`; an action that failed stays due. Training workers are evicted
+first; other pods only once no worker is left under notice (or at the deadline margin).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from nodeagent.events import (
+    AckUpstream,
+    Action,
+    DeletePod,
+    EventId,
+    EvictPod,
+    Notice,
+    NotifyPod,
+    Pod,
+    PodKey,
+    PodUid,
+    SyncNode,
+    Tracked,
+    WithdrawPod,
+    utc,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Timing policy. Margins are measured back from a notice's deadline."""
+
+    #: Workers that have not acknowledged are evicted this long before the deadline.
+    evict_margin: timedelta = timedelta(seconds=15)
+    #: Pods still there this long before the deadline are deleted with a short grace period.
+    delete_margin: timedelta = timedelta(seconds=5)
+    #: Pods that are not workers are not evicted earlier than this before the deadline.
+    drain_lead: timedelta = timedelta(minutes=10)
+    #: An eviction refused (e.g. by a PodDisruptionBudget) is retried after this long.
+    evict_retry: timedelta = timedelta(seconds=5)
+
+
+class AckOutcome(StrEnum):
+    ACCEPTED = "accepted"
+    NOT_ON_NODE = "not-on-node"
+    NOT_UNDER_NOTICE = "not-under-notice"
+
+
+@dataclass(slots=True)
+class _PodState:
+    pod: Pod
+    #: (event id, deadline) the pod was last told about; None when not under notice.
+    notified: tuple[EventId, datetime] | None = None
+    #: The workers heard the notice over gRPC (which goes out before the annotation is written).
+    heard: tuple[EventId, datetime] | None = None
+    acked_step: int | None = None
+    evict_attempted_at: datetime | None = None
+    evicted: bool = False
+    delete_attempted_at: datetime | None = None
+    deleted: bool = False
+
+    def out(self) -> bool:
+        """The pod is on its way out (eviction accepted, deleted, or being deleted)."""
+        return self.evicted or self.deleted or self.pod.leaving
+
+
+def _whole_seconds(moment: datetime) -> datetime:
+    """Deadlines are kept at second precision (as annotations store them), rounded down."""
+    return utc(moment).replace(microsecond=0)
+
+
+@dataclass(slots=True)
+class Store:
+    settings: Settings = field(default_factory=Settings)
+    _notices: dict[EventId, Tracked] = field(default_factory=dict)
+    _pods: dict[PodUid, _PodState] = field(default_factory=dict)
+    _node_applied: tuple[tuple[EventId, datetime, bool], ...] = ()
+
+    # --- inputs -----------------------------------------------------------------------------
+
+    def restore(self, tracked: Iterable[Tracked]) -> None:
+        """Start from what the node annotation recorded (the agent restarted mid-notice).
+
+        The recorded first-seen time and upstream ack win over a fresh observation of the same
+        notice; the node is taken to show exactly the recorded notices.
+        """
+        restored: list[Tracked] = []
+        for item in tracked:
+            notice = replace(item.notice, deadline=_whole_seconds(item.notice.deadline))
+            restored.append(replace(item, notice=notice))
+            seen = self._notices.get(notice.event_id)
+            if seen is not None and seen.notice.deadline < notice.deadline:
+                notice = seen.notice
+            self._notices[notice.event_id] = replace(item, notice=notice)
+        restored.sort(key=lambda t: (t.notice.deadline, t.notice.event_id))
+        self._node_applied = self._node_key(tuple(restored))
+        for state in self._pods.values():
+            if state.notified is None:
+                state.notified = self._told_before(state.pod)
+
+    def _told_before(self, pod: Pod) -> tuple[EventId, datetime] | None:
+        """The notice a pod's own ``leave-by`` annotation shows it was already told about."""
+        governing = self.governing()
+        if (
+            governing is not None
+            and pod.leave_by is not None
+            and _whole_seconds(pod.leave_by) == governing.deadline
+        ):
+            return (governing.event_id, governing.deadline)
+        return None
+
+    def observe(self, channel: str, notices: Iterable[Notice], now: datetime) -> list[EventId]:
+        """A complete, successful read of ``channel``. Returns the ids that are new."""
+        seen: dict[EventId, Notice] = {}
+        for notice in notices:
+            if notice.channel != channel:
+                raise ValueError(
+                    f"notice {notice.event_id} is from {notice.channel}, not {channel}"
+                )
+            seen[notice.event_id] = replace(notice, deadline=_whole_seconds(notice.deadline))
+        withdrawn = [
+            i for i, t in self._notices.items() if t.notice.channel == channel and i not in seen
+        ]
+        for gone in withdrawn:
+            del self._notices[gone]
+        new: list[EventId] = []
+        for event_id, notice in seen.items():
+            known = self._notices.get(event_id)
+            if known is None:
+                self._notices[event_id] = Tracked(notice=notice, first_seen=utc(now))
+                new.append(event_id)
+            elif notice.deadline < known.notice.deadline:
+                self._notices[event_id] = replace(known, notice=notice)
+        return new
+
+    def set_pods(self, pods: Iterable[Pod]) -> None:
+        """The pods now bound to this node (a complete list). Pods not listed have left."""
+        current = {pod.uid: pod for pod in pods}
+        for uid in [u for u in self._pods if u not in current]:
+            del self._pods[uid]
+        for uid, pod in current.items():
+            state = self._pods.get(uid)
+            if state is None:
+                # A restarted agent finds its own earlier notice on the pod: not repeated.
+                self._pods[uid] = _PodState(pod=pod, notified=self._told_before(pod))
+            else:
+                state.pod = pod
+
+    def acknowledge(self, key: PodKey, uid: PodUid, step: int) -> AckOutcome:
+        """A worker says it checkpointed at ``step``. Only speeds up a pod already under notice."""
+        state = self._pods.get(uid)
+        if state is None or state.pod.key != key:
+            return AckOutcome.NOT_ON_NODE
+        if state.notified is None and state.heard is None:
+            return AckOutcome.NOT_UNDER_NOTICE
+        state.acked_step = step
+        return AckOutcome.ACCEPTED
+
+    def heard(self, uid: PodUid, notice: Notice) -> None:
+        """The pod's workers were told about ``notice`` (they may acknowledge from now on)."""
+        state = self._pods.get(uid)
+        if state is not None:
+            state.heard = (notice.event_id, notice.deadline)
+
+    def mark_worker(self, uid: PodUid) -> None:
+        """The pod opened a notice watch: it is a training worker whatever its labels say."""
+        state = self._pods.get(uid)
+        if state is not None and not state.pod.worker:
+            state.pod = replace(state.pod, worker=True)
+
+    # --- queries ------------------------------------------------------------------------------
+
+    def active(self) -> tuple[Tracked, ...]:
+        """Live notices, most urgent first."""
+        return tuple(
+            sorted(self._notices.values(), key=lambda t: (t.notice.deadline, t.notice.event_id))
+        )
+
+    def governing(self) -> Notice | None:
+        """The most urgent disruptive notice: the one pods are told about."""
+        for tracked in self.active():
+            if tracked.notice.disruptive:
+                return tracked.notice
+        return None
+
+    def pod_notice(self, uid: PodUid) -> Notice | None:
+        """The notice a pod has been told about (None when it is not under notice)."""
+        state = self._pods.get(uid)
+        if state is None or state.notified is None:
+            return None
+        governing = self.governing()
+        if governing is not None and governing.event_id == state.notified[0]:
+            return governing
+        tracked = self._notices.get(state.notified[0])
+        return tracked.notice if tracked is not None else None
+
+    def pods_out(self) -> bool:
+        """Every pod that is not a daemon is on its way out (or there are none)."""
+        return all(st.pod.daemon or st.out() for st in self._pods.values())
+
+    def pod_report(self) -> list[dict[str, object]]:
+        """What the store knows of each pod (for ``/status``)."""
+        return [
+            {
+                "pod": st.pod.key,
+                "worker": st.pod.worker,
+                "daemon": st.pod.daemon,
+                "notified": st.notified[0] if st.notified else None,
+                "acked_step": st.acked_step,
+                "evicted": st.evicted,
+                "deleted": st.deleted,
+                "leaving": st.pod.leaving,
+            }
+            for st in sorted(self._pods.values(), key=lambda st: st.pod.key)
+        ]
+
+    def pod(self, uid: PodUid) -> Pod | None:
+        state = self._pods.get(uid)
+        return state.pod if state is not None else None
+
+    def acked_step(self, uid: PodUid) -> int | None:
+        state = self._pods.get(uid)
+        return state.acked_step if state is not None else None
+
+    @staticmethod
+    def _node_key(active: tuple[Tracked, ...]) -> tuple[tuple[EventId, datetime, bool], ...]:
+        return tuple((t.notice.event_id, t.notice.deadline, t.upstream_acked) for t in active)
+
+    def due(self, now: datetime) -> list[Action]:
+        """Every action due at ``now``, in the order to carry them out."""
+        now = utc(now)
+        s = self.settings
+        active = self.active()
+        actions: list[Action] = []
+        if self._node_key(active) != self._node_applied:
+            actions.append(SyncNode(active))
+
+        governing = self.governing()
+        states = sorted(self._pods.values(), key=lambda st: st.pod.key)
+        workers_left = any(st.pod.worker and not st.pod.daemon and not st.out() for st in states)
+        for st in states:
+            if st.pod.daemon:
+                continue
+            if governing is None:
+                if st.notified is not None and not st.out():
+                    actions.append(WithdrawPod(st.pod))
+                continue
+            if st.notified != (governing.event_id, governing.deadline):
+                if not st.out():
+                    actions.append(NotifyPod(st.pod, governing))
+                continue
+            if now >= governing.deadline - s.delete_margin:
+                if not st.deleted and self._retry_ok(st.delete_attempted_at, now):
+                    actions.append(DeletePod(st.pod, governing))
+                continue
+            if st.out() or not self._retry_ok(st.evict_attempted_at, now):
+                continue
+            at_margin = now >= governing.deadline - s.evict_margin
+            if st.pod.worker:
+                if st.acked_step is not None:
+                    actions.append(EvictPod(st.pod, governing, "acknowledged"))
+                elif at_margin:
+                    actions.append(EvictPod(st.pod, governing, "deadline"))
+            elif at_margin or (not workers_left and now >= governing.deadline - s.drain_lead):
+                actions.append(EvictPod(st.pod, governing, "drain"))
+
+        everyone_out = all(
+            st.pod.daemon or st.out() or (st.notified is not None and st.acked_step is not None)
+            for st in states
+        )
+        for tracked in active:
+            notice = tracked.notice
+            if (
+                notice.disruptive
+                and notice.upstream_id is not None
+                and not tracked.upstream_acked
+                and everyone_out
+            ):
+                actions.append(AckUpstream(notice))
+        return actions
+
+    def _retry_ok(self, attempted: datetime | None, now: datetime) -> bool:
+        return attempted is None or now >= attempted + self.settings.evict_retry
+
+    def next_change(self, now: datetime) -> datetime | None:
+        """The next moment after ``now`` when something may become due without any new input."""
+        governing = self.governing()
+        if governing is None:
+            return None
+        s = self.settings
+        moments = [
+            governing.deadline - s.drain_lead,
+            governing.deadline - s.evict_margin,
+            governing.deadline - s.delete_margin,
+        ]
+        for st in self._pods.values():
+            for attempted in (st.evict_attempted_at, st.delete_attempted_at):
+                if attempted is not None:
+                    moments.append(attempted + s.evict_retry)
+        later = [m for m in moments if m > utc(now)]
+        return min(later, default=None)
+
+    # --- results --------------------------------------------------------------------------------
+
+    def record(self, action: Action, *, ok: bool, now: datetime) -> None:
+        """The outcome of carrying out ``action``. A failed action stays due."""
+        now = utc(now)
+        match action:
+            case SyncNode(notices=notices):
+                if ok:
+                    self._node_applied = self._node_key(notices)
+            case NotifyPod(pod=pod, notice=notice):
+                state = self._pods.get(pod.uid)
+                if ok and state is not None:
+                    state.notified = (notice.event_id, notice.deadline)
+            case WithdrawPod(pod=pod):
+                state = self._pods.get(pod.uid)
+                if ok and state is not None:
+                    state.notified = None
+                    state.heard = None
+                    state.acked_step = None
+            case EvictPod(pod=pod):
+                state = self._pods.get(pod.uid)
+                if state is not None:
+                    state.evict_attempted_at = now
+                    state.evicted = state.evicted or ok
+            case DeletePod(pod=pod):
+                state = self._pods.get(pod.uid)
+                if state is not None:
+                    state.delete_attempted_at = now
+                    state.deleted = state.deleted or ok
+            case AckUpstream(notice=notice):
+                tracked = self._notices.get(notice.event_id)
+                if ok and tracked is not None:
+                    self._notices[notice.event_id] = replace(tracked, upstream_acked=True)

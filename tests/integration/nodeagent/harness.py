@@ -1,0 +1,389 @@
+"""What the node agent's integration tests share: the agent as a real process, a worker that
+watches its notices over the unix socket, pods on a fresh kwok node, and one adapter per cloud
+that puts a notice into (and takes it out of) that cloud's fake metadata server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from contracts import names
+from nodeagent.client import LeaveNotice, NoticeClient, NoticeRefused, PodIdentity
+from nodeagent.testing import metadata
+
+T = TypeVar("T")
+
+KWOK_TOLERATION = {
+    "key": names.KWOK_TAINT,
+    "operator": "Equal",
+    "value": names.KWOK_NODE_VALUE,
+    "effect": "NoSchedule",
+}
+#: Keeps an evicted pod visible (deletion pending) so its DisruptionTarget condition can be read.
+HOLD = "shoal.dev/test-hold"
+
+
+def eventually(probe: Callable[[], T | None], *, timeout: float = 45, what: str = "") -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class AgentProcess:
+    """``python -m nodeagent`` for one node, as a DaemonSet would run it."""
+
+    kubeconfig: str
+    node: str
+    provider: str
+    metadata_url: str
+    workdir: Path
+    extra: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    port: int = 0
+    starts: int = 0
+
+    @property
+    def socket_path(self) -> str:
+        return str(self.workdir / "agent.sock")
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"agent-{self.starts}.log"
+
+    def start(self) -> None:
+        self.starts += 1
+        self.port = free_port()
+        args = [
+            sys.executable,
+            "-m",
+            "nodeagent",
+            "--kubeconfig",
+            self.kubeconfig,
+            "--node-name",
+            self.node,
+            "--provider",
+            self.provider,
+            "--metadata-url",
+            self.metadata_url,
+            "--socket",
+            self.socket_path,
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--log-format",
+            "json",
+            *self.extra,
+        ]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
+        env.update(self.env)
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+        eventually(self.ready, timeout=60, what=f"the agent to be ready ({self.log_path})")
+
+    def get(self, path: str) -> tuple[int, dict[str, Any]]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    def ready(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            pytest.fail(f"the agent exited with {self.proc.returncode}: {self.log_path}")
+        try:
+            return self.get("/readyz")[0] == 200
+        except OSError:
+            return False
+
+    def status(self) -> dict[str, Any]:
+        return self.get("/status")[1]
+
+    def metrics(self) -> str:
+        url = f"http://127.0.0.1:{self.port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return str(r.read().decode())
+
+    def kill(self) -> None:
+        """Dies at once, as on an OOM kill or a node-level crash."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=15)
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        lines = []
+        for path in sorted(self.workdir.glob("agent-*.log")):
+            for raw in path.read_text().splitlines():
+                try:
+                    lines.append(json.loads(raw))
+                except json.JSONDecodeError:
+                    continue
+        return lines
+
+
+class Worker:
+    """A training worker's notice watch, on its own thread and event loop."""
+
+    def __init__(self, pod: PodIdentity, socket_path: str) -> None:
+        self.client = NoticeClient(pod, socket_path)
+        self.notices: queue.Queue[LeaveNotice | Exception] = queue.Queue()
+        self._loop = asyncio.new_event_loop()
+        self._task: asyncio.Task[None] | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        async def watch() -> None:
+            try:
+                async for notice in self.client.watch():
+                    self.notices.put(notice)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.notices.put(exc)
+
+        self._task = self._loop.create_task(watch())
+        self._loop.run_forever()
+        self._loop.close()
+
+    def next(self, timeout: float = 45) -> LeaveNotice:
+        try:
+            item = self.notices.get(timeout=timeout)
+        except queue.Empty:
+            pytest.fail(f"the worker heard nothing within {timeout:.0f} s")
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def until(self, state: str, timeout: float = 45) -> LeaveNotice:
+        deadline = time.monotonic() + timeout
+        while True:
+            notice = self.next(max(0.1, deadline - time.monotonic()))
+            if notice.state == state:
+                return notice
+
+    def acknowledge(self, step: int) -> str:
+        """From the same process and event loop as the watch, as a real worker would."""
+        future = asyncio.run_coroutine_threadsafe(self.client.acknowledge(step), self._loop)
+        return future.result(timeout=30)
+
+    def close(self) -> None:
+        async def finish() -> None:
+            if self._task is not None:
+                self._task.cancel()
+                await asyncio.gather(self._task, return_exceptions=True)
+            await self._loop.shutdown_asyncgens()
+
+        asyncio.run_coroutine_threadsafe(finish(), self._loop).result(timeout=30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+
+def worker_pod(name: str, node: str, *, worker: bool = True) -> dict[str, Any]:
+    labels = {names.GANG_LABEL: "trainer"} if worker else {"app": "sidecar-service"}
+    return {
+        "metadata": {"name": name, "labels": labels, "finalizers": [HOLD]},
+        "spec": {
+            "nodeName": node,
+            "tolerations": [KWOK_TOLERATION],
+            "terminationGracePeriodSeconds": 30,
+            "containers": [
+                {
+                    "name": "worker",
+                    "image": "registry.example/trainer:1",
+                    "resources": {"limits": {names.GPU_RESOURCE: "4"}},
+                }
+            ],
+        },
+    }
+
+
+def release(core: Any, namespace: str, name: str) -> None:
+    """Drop the test's finalizer so the pod (if still there) can go."""
+    with contextlib.suppress(Exception):  # gone already is fine
+        core.patch_namespaced_pod(
+            name, namespace, [{"op": "remove", "path": "/metadata/finalizers"}]
+        )
+
+
+def disruption_target(pod: Any) -> Any:
+    for condition in pod.status.conditions or []:
+        if condition.type == "DisruptionTarget" and condition.status == "True":
+            return condition
+    return None
+
+
+def taint(node: Any) -> Any:
+    for t in node.spec.taints or []:
+        if t.key == names.REVOKING_TAINT:
+            return t
+    return None
+
+
+def events(core: Any, namespace: str, name: str, reason: str) -> list[Any]:
+    found = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
+    return [e for e in found.items if e.reason == reason]
+
+
+# --- clouds -----------------------------------------------------------------------------------
+
+
+class Cloud:
+    """Puts a notice with a deadline ``lead`` from now into a fake metadata server."""
+
+    name: str
+    #: The notice's lead time on this cloud (the agent caps leads at what the cloud documents).
+    lead: timedelta
+    server: Any
+
+    def __init__(self, servers: metadata.Threaded) -> None:
+        self.servers = servers
+
+    @property
+    def url(self) -> str:
+        return str(self.server.url)
+
+    def post(self) -> None:
+        raise NotImplementedError
+
+    def withdraw(self) -> None:
+        raise NotImplementedError
+
+    def acknowledged(self) -> bool:
+        return True
+
+
+def _rfc3339(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Aws(Cloud):
+    name = "aws"
+    lead = timedelta(minutes=2)
+
+    def __init__(self, servers: metadata.Threaded) -> None:
+        super().__init__(servers)
+        self.server = servers.start(metadata.AwsMetadata(v2_only=True))
+        self.time = _rfc3339(datetime.now(UTC) + self.lead)
+
+    def post(self) -> None:
+        action = {"action": "terminate", "time": self.time}
+        self.servers.call(lambda: setattr(self.server, "instance_action", action))
+
+    def withdraw(self) -> None:
+        self.servers.call(lambda: setattr(self.server, "instance_action", None))
+
+
+class Gcp(Cloud):
+    name = "gcp"
+    lead = timedelta(seconds=30)
+
+    def __init__(self, servers: metadata.Threaded) -> None:
+        super().__init__(servers)
+        self.server = servers.start(metadata.GcpMetadata())
+
+    def post(self) -> None:
+        self.servers.call(lambda: self.server.set("instance/preempted", "TRUE"))
+
+    def withdraw(self) -> None:
+        self.servers.call(lambda: self.server.set("instance/preempted", "FALSE"))
+
+
+class Azure(Cloud):
+    name = "azure"
+    lead = timedelta(seconds=30)
+
+    def __init__(self, servers: metadata.Threaded) -> None:
+        super().__init__(servers)
+        self.server = servers.start(metadata.AzureMetadata(vm_name="vm-itest"))
+        self.event_id = "602d9444-d2cd-49c7-8624-8643e7171297"
+
+    def post(self) -> None:
+        event = {
+            "EventId": self.event_id,
+            "EventType": "Preempt",
+            "ResourceType": "VirtualMachine",
+            "Resources": ["vm-itest"],
+            "EventStatus": "Scheduled",
+            "NotBefore": format_datetime(datetime.now(UTC) + self.lead, usegmt=True),
+            "Description": "Spot eviction",
+            "EventSource": "Platform",
+            "DurationInSeconds": -1,
+        }
+        self.servers.call(lambda: self.server.set_events([event]))
+
+    def withdraw(self) -> None:
+        self.servers.call(lambda: self.server.set_events([]))
+
+    def acknowledged(self) -> bool:
+        return self.servers.call(lambda: self.event_id in self.server.approved)
+
+
+class Alibaba(Cloud):
+    name = "alibaba"
+    lead = timedelta(minutes=5)
+
+    def __init__(self, servers: metadata.Threaded) -> None:
+        super().__init__(servers)
+        self.server = servers.start(metadata.AlibabaMetadata())
+        self.time = _rfc3339(datetime.now(UTC) + self.lead)
+
+    def post(self) -> None:
+        self.servers.call(lambda: setattr(self.server, "termination_time", self.time))
+
+    def withdraw(self) -> None:
+        self.servers.call(lambda: setattr(self.server, "termination_time", None))
+
+
+class NoCloud(Cloud):
+    """``--provider none``: no metadata server at all."""
+
+    name = "none"
+    lead = timedelta(0)
+
+    @property
+    def url(self) -> str:
+        return "http://127.0.0.1:9"
+
+
+CLOUDS: dict[str, type[Cloud]] = {"aws": Aws, "gcp": Gcp, "azure": Azure, "alibaba": Alibaba}
+
+__all__ = ["NoticeRefused", "PodIdentity"]

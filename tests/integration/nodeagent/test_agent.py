@@ -1,0 +1,375 @@
+"""The node agent against the devcluster: a notice in a cloud's metadata server reaches the
+node, the pods and the workers; the acknowledging worker is evicted through the Eviction API;
+a withdrawn notice lifts the taint; a restart mid-notice loses nothing and repeats nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contracts import gputopology, names
+from devcluster import nodes
+from nodeagent.client import NoticeRefused, PodIdentity
+from nodeagent.events import parse_rfc3339
+from nodeagent.testing import metadata
+from nodeagent.testing import nvml as fake_nvml
+from tests.integration.conftest import Devcluster
+from tests.integration.nodeagent.harness import (
+    CLOUDS,
+    AgentProcess,
+    Cloud,
+    NoCloud,
+    Worker,
+    disruption_target,
+    events,
+    eventually,
+    release,
+    taint,
+    worker_pod,
+)
+
+
+@dataclass
+class Scene:
+    core: Any
+    namespace: str
+    node: str
+    cloud: Cloud
+    agent: AgentProcess
+    pods: dict[str, PodIdentity]
+
+    def pod(self, name: str) -> Any:
+        return self.core.read_namespaced_pod(name, self.namespace)
+
+    def node_object(self) -> Any:
+        return self.core.read_node(self.node)
+
+    def worker(self, name: str) -> Worker:
+        return Worker(self.pods[name], self.agent.socket_path)
+
+
+@pytest.fixture
+def servers() -> Iterator[metadata.Threaded]:
+    threaded = metadata.Threaded()
+    yield threaded
+    threaded.close()
+
+
+def make_scene(
+    devcluster: Devcluster,
+    namespace: str,
+    servers: metadata.Threaded,
+    tmp_path: Path,
+    provider: str,
+    *,
+    extra: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[Scene]:
+    core = devcluster.core()
+    spec = nodes.NodeSpec(count=1, gpus=8, prefix=f"agent-{provider}-{uuid.uuid4().hex[:6]}")
+    (node,) = nodes.create(devcluster.kubeconfig, spec)
+    pods: dict[str, PodIdentity] = {}
+    for name, is_worker in (("trainer-0", True), ("metrics-sidecar", False)):
+        created = core.create_namespaced_pod(namespace, worker_pod(name, node, worker=is_worker))
+        pods[name] = PodIdentity(namespace, name, created.metadata.uid)
+    cloud = CLOUDS[provider](servers) if provider in CLOUDS else NoCloud(servers)
+    agent = AgentProcess(
+        kubeconfig=devcluster.kubeconfig,
+        node=node,
+        provider=provider,
+        metadata_url=cloud.url,
+        workdir=tmp_path,
+        extra=extra or [],
+        env=env or {},
+    )
+    agent.start()
+    try:
+        yield Scene(core, namespace, node, cloud, agent, pods)
+    finally:
+        agent.stop()
+        for name in pods:
+            release(core, namespace, name)
+        core.delete_node(node)
+
+
+@pytest.fixture(params=sorted(CLOUDS))
+def scene(
+    request: pytest.FixtureRequest,
+    devcluster: Devcluster,
+    namespace: str,
+    servers: metadata.Threaded,
+    tmp_path: Path,
+) -> Iterator[Scene]:
+    yield from make_scene(devcluster, namespace, servers, tmp_path, request.param)
+
+
+def revocation(node: Any) -> dict[str, Any] | None:
+    text = (node.metadata.annotations or {}).get(names.REVOCATION_ANNOTATION)
+    return json.loads(text) if text else None
+
+
+def test_notice_reaches_node_pods_and_workers_and_the_ack_evicts(scene: Scene) -> None:
+    worker = scene.worker("trainer-0")
+    try:
+        assert worker.next().state == "none"
+        scene.cloud.post()
+
+        heard = worker.until("leave")
+        assert heard.source == scene.cloud.name
+        assert heard.leave_by is not None
+
+        node = eventually(lambda: taint(scene.node_object()) and scene.node_object(), what="taint")
+        assert (taint(node).value, taint(node).effect) == (scene.cloud.name, "NoSchedule")
+        recorded = revocation(node)
+        assert recorded is not None
+        assert (recorded["source"], recorded["event_id"]) == (scene.cloud.name, heard.event_id)
+        assert parse_rfc3339(recorded["deadline"]) == heard.leave_by
+
+        def annotated() -> Any:
+            pod = scene.pod("trainer-0")
+            return (pod.metadata.annotations or {}).get(names.LEAVE_BY_ANNOTATION)
+
+        assert parse_rfc3339(eventually(annotated, what="leave-by")) == heard.leave_by
+        assert events(scene.core, scene.namespace, "trainer-0", "LeaveBy")
+        assert events(scene.core, "default", scene.node, "Revoking")
+
+        assert worker.acknowledge(1200) == "accepted"
+        evicted = eventually(
+            lambda: disruption_target(scene.pod("trainer-0")) and scene.pod("trainer-0"),
+            what="the acknowledging worker's eviction",
+        )
+        assert evicted.metadata.deletion_timestamp is not None
+        assert disruption_target(evicted).reason == "EvictionByEvictionAPI"
+        # With the worker gone, the rest of the node drains after it.
+        eventually(
+            lambda: disruption_target(scene.pod("metrics-sidecar")), what="the sidecar's eviction"
+        )
+        eventually(scene.cloud.acknowledged, what="the cloud to be acknowledged")
+    finally:
+        worker.close()
+
+    scene.cloud.withdraw()
+    eventually(lambda: taint(scene.node_object()) is None, what="the taint to be lifted")
+    assert revocation(scene.node_object()) is None
+    assert events(scene.core, "default", scene.node, "RevocationWithdrawn")
+
+
+@pytest.fixture
+def aws_scene(
+    devcluster: Devcluster,
+    namespace: str,
+    servers: metadata.Threaded,
+    tmp_path: Path,
+) -> Iterator[Scene]:
+    yield from make_scene(devcluster, namespace, servers, tmp_path, "aws")
+
+
+def test_restart_mid_notice_loses_nothing_and_repeats_nothing(aws_scene: Scene) -> None:
+    scene = aws_scene
+    scene.cloud.post()
+
+    def annotated() -> bool:
+        pod = scene.pod("trainer-0")
+        return names.LEAVE_BY_ANNOTATION in (pod.metadata.annotations or {})
+
+    eventually(annotated, what="the pod's leave-by annotation")
+    eventually(lambda: revocation(scene.node_object()), what="the node's revocation annotation")
+    before = revocation(scene.node_object())
+    scene.agent.kill()
+    scene.agent.start()
+
+    worker = scene.worker("trainer-0")
+    try:
+        heard = worker.until("leave")
+        assert before is not None
+        assert heard.event_id == before["event_id"]
+        # The restarted agent found its work done: nothing written twice.
+        assert revocation(scene.node_object()) == before
+        assert len(events(scene.core, scene.namespace, "trainer-0", "LeaveBy")) == 1
+        assert len(events(scene.core, "default", scene.node, "Revoking")) == 1
+        assert any(line.get("event") == "notices_restored" for line in scene.agent.log_lines())
+
+        assert worker.acknowledge(7) == "accepted"
+        eventually(lambda: disruption_target(scene.pod("trainer-0")), what="the eviction")
+    finally:
+        worker.close()
+
+
+def test_acks_are_refused_for_pods_not_under_notice_or_not_on_the_node(aws_scene: Scene) -> None:
+    scene = aws_scene
+    worker = scene.worker("trainer-0")
+    stranger = Worker(
+        PodIdentity(scene.namespace, "trainer-0", "00000000-0000-0000-0000-000000000000"),
+        scene.agent.socket_path,
+    )
+    try:
+        assert worker.next().state == "none"
+        with pytest.raises(NoticeRefused, match="not-under-notice"):
+            worker.acknowledge(1)
+        with pytest.raises(NoticeRefused):
+            stranger.next()
+        with pytest.raises(NoticeRefused, match="not-on-node"):
+            stranger.acknowledge(1)
+    finally:
+        worker.close()
+        stranger.close()
+    assert disruption_target(scene.pod("trainer-0")) is None
+
+
+@pytest.fixture
+def dry_scene(
+    devcluster: Devcluster,
+    namespace: str,
+    servers: metadata.Threaded,
+    tmp_path: Path,
+) -> Iterator[Scene]:
+    yield from make_scene(devcluster, namespace, servers, tmp_path, "alibaba", extra=["--dry-run"])
+
+
+def test_dry_run_goes_through_every_step_but_writes_nothing(dry_scene: Scene) -> None:
+    scene = dry_scene
+    worker = scene.worker("trainer-0")
+    try:
+        worker.next()
+        scene.cloud.post()
+        worker.until("leave")
+        assert worker.acknowledge(3) == "accepted"
+
+        def evicted_in_status() -> bool:
+            pods = scene.agent.status()["pods"]
+            return any(p["pod"].endswith("/trainer-0") and p["evicted"] for p in pods)
+
+        eventually(evicted_in_status, what="the dry-run eviction")
+    finally:
+        worker.close()
+    assert taint(scene.node_object()) is None
+    assert revocation(scene.node_object()) is None
+    pod = scene.pod("trainer-0")
+    assert names.LEAVE_BY_ANNOTATION not in (pod.metadata.annotations or {})
+    assert disruption_target(pod) is None
+    assert pod.metadata.deletion_timestamp is None
+
+
+def test_shell_cli_waits_for_the_notice_and_acknowledges(aws_scene: Scene) -> None:
+    scene = aws_scene
+    pod = scene.pods["trainer-0"]
+    env = {
+        **os.environ,
+        "POD_NAMESPACE": pod.namespace,
+        "POD_NAME": pod.name,
+        "POD_UID": pod.uid,
+        "SHOAL_SOCKET": scene.agent.socket_path,
+    }
+    cli = [sys.executable, "-m", "nodeagent.client"]
+    early = subprocess.run(
+        [*cli, "ack", "1"], check=False, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert early.returncode == 3, early.stderr
+    waiting = subprocess.Popen([*cli, "wait"], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        scene.cloud.post()
+        out, _ = waiting.communicate(timeout=60)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 0
+    notice = json.loads(out)
+    assert notice["source"] == "aws"
+    ack = subprocess.run(
+        [*cli, "ack", "99"], check=False, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert (ack.returncode, ack.stdout.strip()) == (0, "accepted")
+    eventually(lambda: disruption_target(scene.pod("trainer-0")), what="the eviction")
+
+
+@pytest.fixture
+def gpu_scene(
+    devcluster: Devcluster,
+    namespace: str,
+    servers: metadata.Threaded,
+    tmp_path: Path,
+) -> Iterator[Scene]:
+    try:
+        libdir = fake_nvml.build(tmp_path / "nvml")
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    env = {
+        "LD_LIBRARY_PATH": str(libdir),
+        "FAKE_NVML_LAYOUT": "islands2x4",
+        "FAKE_NVML_XID_FILE": str(tmp_path / "xid"),
+    }
+    yield from make_scene(devcluster, namespace, servers, tmp_path, "none", env=env)
+
+
+def test_gpu_topology_and_an_xid_fault_reach_the_node_annotation(gpu_scene: Scene) -> None:
+    scene = gpu_scene
+
+    def published() -> gputopology.GpuTopology | None:
+        text = (scene.node_object().metadata.annotations or {})[names.GPU_TOPOLOGY_ANNOTATION]
+        topology = gputopology.decode(text)
+        # The node was created with a synthetic document; the agent's comes from NVML.
+        return topology if topology.gpus[0].uuid.startswith("GPU-fa4e") else None
+
+    topology = eventually(published, what="the NVML topology on the node")
+    assert sorted(sorted(m) for m in topology.islands().values()) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert {g.health for g in topology.gpus} == {"healthy"}
+
+    (scene.agent.workdir / "xid").write_text("3 79\n")
+
+    def gpu3_failed() -> gputopology.GpuTopology | None:
+        current = published()
+        return current if current is not None and current.gpus[3].health == "failed" else None
+
+    faulted = eventually(gpu3_failed, what="XID 79 to mark GPU 3 failed")
+    assert [g.health for g in faulted.gpus].count("healthy") == 7
+    gpu = scene.agent.status()["gpu"]
+    assert (gpu["state"], gpu["last_xid"]) == ("ok", {"3": 79})
+
+
+@pytest.fixture
+def cloudless_scene(
+    devcluster: Devcluster,
+    namespace: str,
+    servers: metadata.Threaded,
+    tmp_path: Path,
+) -> Iterator[Scene]:
+    yield from make_scene(devcluster, namespace, servers, tmp_path, "none", extra=["--gpu", "off"])
+
+
+def test_an_autoscaler_taint_is_a_notice_and_its_removal_a_withdrawal(
+    cloudless_scene: Scene,
+) -> None:
+    scene = cloudless_scene
+    worker = scene.worker("trainer-0")
+    try:
+        assert worker.next().state == "none"
+        taints = [t.to_dict() for t in scene.node_object().spec.taints or []]
+        added = {
+            "key": "ToBeDeletedByClusterAutoscaler",
+            "value": "1700000000",
+            "effect": "NoSchedule",
+        }
+        scene.core.patch_node(scene.node, {"spec": {"taints": [*taints, added]}})
+
+        heard = worker.until("leave")
+        assert (heard.source, heard.event_id) == (
+            "kubernetes",
+            "kube-taint-ToBeDeletedByClusterAutoscaler",
+        )
+        eventually(lambda: taint(scene.node_object()), what="the revoking taint")
+        assert taint(scene.node_object()).value == "kubernetes"
+
+        scene.core.patch_node(scene.node, {"spec": {"taints": taints}})
+        assert worker.until("withdrawn").state == "withdrawn"
+        eventually(lambda: taint(scene.node_object()) is None, what="the revoking taint lifted")
+    finally:
+        worker.close()
+    assert disruption_target(scene.pod("trainer-0")) is None

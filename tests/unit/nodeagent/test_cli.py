@@ -1,0 +1,46 @@
+"""Every flag has an environment variable; bad values name the flag and exit 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from nodeagent import cli
+
+
+def test_environment_fills_in_and_flags_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "gpu-7")
+    monkeypatch.setenv("SHOAL_PROVIDER", "gcp")
+    monkeypatch.setenv("SHOAL_POLL_INTERVAL", "0.5")
+    monkeypatch.setenv("SHOAL_DRY_RUN", "true")
+    monkeypatch.setenv("SHOAL_KUBE_TAINTS", "")
+    args = cli.parser().parse_args(["--provider", "azure"])
+    assert (args.node_name, args.provider, args.poll_interval) == ("gpu-7", "azure", 0.5)
+    assert args.dry_run is True
+    assert args.kube_taints == frozenset()
+
+
+def test_help_documents_the_environment_variables(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.parser().parse_args(["--help"])
+    out = " ".join(capsys.readouterr().out.split())  # help text is wrapped
+    for variable in ("NODE_NAME", "KUBECONFIG", "SHOAL_PROVIDER", "SHOAL_METADATA_URL"):
+        assert f"env {variable}" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--poll-interval", "0"], "--poll-interval"),
+        (["--listen", "nowhere"], "--listen"),
+        (["--kube-taints", "shoal.dev/revoking"], "--kube-taints"),
+        (["--xid-fatal", "79,x"], "--xid-fatal"),
+        (["--provider", "openstack"], "--provider"),
+    ],
+)
+def test_bad_values_name_the_flag(
+    argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.parser().parse_args(["--node-name", "n", *argv])
+    assert exited.value.code == 2
+    assert flag in capsys.readouterr().err

@@ -1,0 +1,54 @@
+"""The ``shoal.dev/revocation`` annotation is what a restarted agent resumes from."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from nodeagent.events import EventId, Kind, Notice, Tracked
+from nodeagent.k8s import decode_revocation, encode_revocation
+
+T0 = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
+
+
+def tracked(event_id: str, minute: int, *, acked: bool = False) -> Tracked:
+    notice = Notice(
+        event_id=EventId(event_id),
+        source="azure",
+        channel="azure",
+        kind=Kind.PREEMPT,
+        deadline=T0.replace(minute=minute),
+        reason="Azure scheduled event Preempt",
+        upstream_id=event_id.removeprefix("azure-"),
+    )
+    return Tracked(notice=notice, first_seen=T0, upstream_acked=acked)
+
+
+def test_round_trip_keeps_everything_a_restart_needs() -> None:
+    live = [tracked("azure-A", 1, acked=True), tracked("azure-B", 5)]
+    text = encode_revocation(live)
+    doc = json.loads(text)
+    # What people and the scheduler read: the most urgent notice at the top level.
+    assert (doc["source"], doc["event_id"], doc["deadline"]) == (
+        "azure",
+        "azure-A",
+        "2026-11-30T10:01:00Z",
+    )
+    assert decode_revocation(text) == live
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{}",
+        '{"notices": [{"event_id": "x"}]}',
+        '{"notices": [{"event_id": "x", "source": "aws", "channel": "aws/spot", '
+        '"kind": "explode", "deadline": "2026-11-30T10:00:00Z", "first_seen": "x"}]}',
+        "[1, 2]",
+    ],
+)
+def test_a_damaged_annotation_is_refused_with_the_field(text: str) -> None:
+    with pytest.raises(ValueError, match="notices"):
+        decode_revocation(text)

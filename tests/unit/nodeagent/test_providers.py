@@ -1,0 +1,376 @@
+"""Each provider against a fake metadata server that speaks its cloud's documented protocol."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from nodeagent.events import Kind, Notice
+from nodeagent.providers import HttpSettings, ProviderError
+from nodeagent.providers.alibaba import AlibabaProvider
+from nodeagent.providers.aws import AwsProvider
+from nodeagent.providers.azure import AzureProvider
+from nodeagent.providers.base import Http
+from nodeagent.providers.common import SessionToken
+from nodeagent.providers.gcp import GcpProvider
+from nodeagent.testing.metadata import (
+    AlibabaMetadata,
+    AwsMetadata,
+    AzureMetadata,
+    GcpMetadata,
+)
+
+NOW = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
+
+
+def fast(url: str, *, timeout: float = 0.5) -> HttpSettings:
+    """Poll every 20 ms so the tests wait on events, not on the default 1 s interval."""
+    return HttpSettings(url, interval=0.02, timeout=timeout)
+
+
+class Recorder:
+    """A sink that remembers every report and lets a test wait for a condition."""
+
+    def __init__(self) -> None:
+        self.observed_by: dict[str, list[Sequence[Notice]]] = {}
+        self.failures: list[tuple[str, ProviderError]] = []
+        self._changed = asyncio.Event()
+
+    def observed(self, channel: str, notices: Sequence[Notice]) -> None:
+        self.observed_by.setdefault(channel, []).append(list(notices))
+        self._changed.set()
+
+    def failed(self, channel: str, error: ProviderError) -> None:
+        self.failures.append((channel, error))
+        self._changed.set()
+
+    def latest(self, channel: str) -> Sequence[Notice] | None:
+        seen = self.observed_by.get(channel)
+        return seen[-1] if seen else None
+
+    def kinds(self) -> set[str]:
+        return {error.kind for _, error in self.failures}
+
+    async def until(self, condition: Callable[[], object], what: str) -> None:
+        async def wait() -> None:
+            while not condition():
+                self._changed.clear()
+                # Woken by a report, or re-checks shortly (conditions on the server's state).
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), 0.05)
+
+        try:
+            await asyncio.wait_for(wait(), 10)
+        except TimeoutError:
+            pytest.fail(f"never happened: {what}")
+
+
+async def watching(provider: Any, recorder: Recorder) -> asyncio.Task[None]:
+    return asyncio.create_task(provider.watch(recorder))
+
+
+@pytest.fixture
+async def aws() -> AsyncIterator[AwsMetadata]:
+    server = AwsMetadata()
+    await server.start()
+    yield server
+    await server.close()
+
+
+def aws_provider(server: AwsMetadata, **kwargs: float) -> AwsProvider:
+    return AwsProvider(settings=fast(server.url, **kwargs), clock=lambda: NOW)
+
+
+async def stop(task: asyncio.Task[None], provider: Any) -> None:
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await provider.aclose()
+
+
+# --- AWS ----------------------------------------------------------------------------------------
+
+
+async def test_aws_spot_notice_is_read_with_a_token_and_keeps_its_id(aws: AwsMetadata) -> None:
+    provider = aws_provider(aws)
+    recorder = Recorder()
+    task = await watching(provider, recorder)
+    await recorder.until(lambda: recorder.latest("aws/spot") == [], "a first empty read")
+    aws.instance_action = {"action": "terminate", "time": "2026-11-30T10:02:00Z"}
+    await recorder.until(lambda: recorder.latest("aws/spot"), "the spot notice")
+    await recorder.until(lambda: len(recorder.observed_by["aws/spot"]) >= 5, "more reads")
+    await stop(task, provider)
+    notices = [n for seen in recorder.observed_by["aws/spot"] for n in seen]
+    assert {n.event_id for n in notices} == {notices[0].event_id}
+    assert notices[0].kind is Kind.TERMINATE
+    assert notices[0].deadline == datetime(2026, 11, 30, 10, 2, tzinfo=UTC)
+    assert aws.token_puts == 1
+    assert aws.unauthorized == 0
+    assert recorder.failures == []
+
+
+async def test_aws_expired_token_is_renewed_without_reporting_a_failure(
+    aws: AwsMetadata,
+) -> None:
+    provider = aws_provider(aws)
+    recorder = Recorder()
+    task = await watching(provider, recorder)
+    await recorder.until(lambda: recorder.latest("aws/spot") is not None, "a first read")
+    aws.expire_tokens()
+    aws.instance_action = {"action": "stop", "time": "2026-11-30T10:02:00Z"}
+    await recorder.until(lambda: recorder.latest("aws/spot"), "the spot notice")
+    await stop(task, provider)
+    assert aws.unauthorized >= 1
+    assert aws.token_puts >= 2
+    assert recorder.failures == []
+
+
+async def test_aws_falls_back_to_imdsv1_when_tokens_are_refused() -> None:
+    server = AwsMetadata(token_api=False)
+    await server.start()
+    provider = aws_provider(server)
+    recorder = Recorder()
+    server.instance_action = {"action": "hibernate", "time": "2026-11-30T10:02:00Z"}
+    task = await watching(provider, recorder)
+    await recorder.until(lambda: recorder.latest("aws/spot"), "the spot notice over IMDSv1")
+    await stop(task, provider)
+    await server.close()
+    assert provider.token.mode == "plain"
+    assert recorder.failures == []
+
+
+async def test_aws_token_is_refreshed_before_it_expires(aws: AwsMetadata) -> None:
+    clock = [0.0]
+    token = SessionToken(
+        Http(HttpSettings(aws.url)),
+        "/latest/api/token",
+        "X-aws-ec2-metadata-token-ttl-seconds",
+        "X-aws-ec2-metadata-token",
+        ttl=100,
+        monotonic=lambda: clock[0],
+    )
+    await token.get("/latest/meta-data/spot/instance-action")
+    clock[0] = 80.0  # within the TTL (100 s), but inside its last quarter
+    await token.get("/latest/meta-data/spot/instance-action")
+    clock[0] = 81.0
+    await token.get("/latest/meta-data/spot/instance-action")
+    await token.http.aclose()
+    assert aws.token_puts == 2
+    assert aws.unauthorized == 0
+
+
+@pytest.mark.parametrize("fault", ["503", "500", "garbage", "oversize", "html", "truncated-json"])
+async def test_aws_bad_answers_are_reported_and_a_later_notice_is_still_seen(
+    aws: AwsMetadata, fault: str
+) -> None:
+    aws.instance_action = {"action": "terminate", "time": "2026-11-30T10:02:00Z"}
+    aws.faults.next(fault, fault, fault, fault, fault, fault)
+    provider = aws_provider(aws)
+    recorder = Recorder()
+    task = await watching(provider, recorder)
+    await recorder.until(lambda: recorder.latest("aws/spot"), "the notice after the faults")
+    await stop(task, provider)
+    assert len(recorder.failures) >= 2
+    expected = {"503": "status", "500": "status", "oversize": "too-large"}.get(fault, "body")
+    assert expected in recorder.kinds()
+
+
+async def test_aws_slow_answer_times_out_and_is_reported(aws: AwsMetadata) -> None:
+    aws.faults.slow_seconds = 2.0
+    aws.faults.next("slow")
+    provider = aws_provider(aws, timeout=0.2)
+    recorder = Recorder()
+    task = await watching(provider, recorder)
+    await recorder.until(lambda: "unreachable" in recorder.kinds(), "a timeout")
+    await recorder.until(lambda: recorder.latest("aws/spot") == [], "a read after the timeout")
+    await stop(task, provider)
+
+
+async def test_aws_unreachable_server_is_reported_not_raised() -> None:
+    provider = AwsProvider(settings=fast("http://127.0.0.1:9"))
+    recorder = Recorder()
+    task = await watching(provider, recorder)
+    await recorder.until(lambda: len(recorder.failures) >= 6, "repeated failures")
+    assert not task.done()
+    await stop(task, provider)
+    assert recorder.kinds() == {"unreachable"}
+
+
+async def test_aws_far_future_time_is_capped_and_past_time_stands(aws: AwsMetadata) -> None:
+    provider = aws_provider(aws)
+    aws.instance_action = {"action": "terminate", "time": "2030-01-01T00:00:00Z"}
+    (capped,) = await provider.spot()
+    assert capped.deadline == NOW + timedelta(minutes=5)
+    aws.instance_action = {"action": "terminate", "time": "2020-01-01T00:00:00Z"}
+    (past,) = await provider.spot()
+    assert past.deadline == datetime(2020, 1, 1, tzinfo=UTC)
+    await provider.aclose()
+
+
+async def test_aws_rebalance_only_cordons_and_canceled_maintenance_is_withdrawn(
+    aws: AwsMetadata,
+) -> None:
+    provider = aws_provider(aws)
+    aws.rebalance = {"noticeTime": "2026-11-30T10:00:00Z"}
+    (rebalance,) = await provider.rebalance()
+    assert rebalance.disruptive is False
+    event = {
+        "Code": "system-reboot",
+        "Description": "scheduled reboot",
+        "EventId": "instance-event-0d59937288b749b32",
+        "NotBefore": "21 Dec 2026 01:00:00 GMT",
+        "NotAfter": "21 Dec 2026 07:00:00 GMT",
+        "State": "active",
+    }
+    aws.maintenance = [event]
+    (reboot,) = await provider.maintenance()
+    assert (reboot.kind, reboot.deadline) == (Kind.REBOOT, datetime(2026, 12, 21, 1, tzinfo=UTC))
+    aws.maintenance = [{**event, "State": "canceled"}]
+    assert await provider.maintenance() == []
+    await provider.aclose()
+
+
+# --- GCP ----------------------------------------------------------------------------------------
+
+
+async def test_gcp_preemption_arrives_through_the_long_poll() -> None:
+    server = GcpMetadata()
+    await server.start()
+    provider = GcpProvider(
+        settings=HttpSettings(server.url + "/computeMetadata/v1", interval=5.0, timeout=0.5),
+        clock=lambda: NOW,
+    )
+    recorder = Recorder()
+    task = await watching(provider, recorder)
+    await recorder.until(lambda: recorder.latest("gcp/preempted") == [], "the first read")
+    await recorder.until(lambda: server.long_polls >= 2, "both long-polls to be waiting")
+    # With a 5 s poll interval, only the long-poll can deliver this before the test times out.
+    server.set("instance/preempted", "TRUE")
+    await recorder.until(lambda: recorder.latest("gcp/preempted"), "the preemption")
+    (notice,) = recorder.latest("gcp/preempted") or []
+    assert (notice.kind, notice.deadline) == (Kind.PREEMPT, NOW + timedelta(seconds=30))
+    server.set("instance/maintenance-event", "MIGRATE_ON_HOST_MAINTENANCE")
+    await recorder.until(lambda: recorder.latest("gcp/maintenance"), "the migration")
+    (migration,) = recorder.latest("gcp/maintenance") or []
+    assert not migration.disruptive
+    await stop(task, provider)
+    await server.close()
+    assert recorder.failures == []
+
+
+async def test_gcp_503_blips_are_tolerated() -> None:
+    server = GcpMetadata()
+    await server.start()
+    server.faults.next("503", "503", "garbage")
+    server.set("instance/preempted", "TRUE")
+    provider = GcpProvider(settings=fast(server.url + "/computeMetadata/v1"))
+    recorder = Recorder()
+    task = await watching(provider, recorder)
+    await recorder.until(lambda: recorder.latest("gcp/preempted"), "the preemption")
+    await stop(task, provider)
+    await server.close()
+    assert {"status", "body"} <= recorder.kinds()
+
+
+async def test_gcp_answer_without_the_flavor_header_is_not_believed(aws: AwsMetadata) -> None:
+    # An AWS-style server at the GCP address: a 404 for these paths, never a Google answer.
+    provider = GcpProvider(settings=fast(aws.url + "/latest/meta-data"))
+    recorder = Recorder()
+    task = await watching(provider, recorder)
+    await recorder.until(lambda: len(recorder.failures) >= 2, "failures")
+    await stop(task, provider)
+    assert recorder.observed_by == {}
+
+
+# --- Azure --------------------------------------------------------------------------------------
+
+
+def azure_event(event_id: str, kind: str, resources: list[str], **extra: str) -> dict[str, Any]:
+    return {
+        "EventId": event_id,
+        "EventType": kind,
+        "ResourceType": "VirtualMachine",
+        "Resources": resources,
+        "EventStatus": "Scheduled",
+        "NotBefore": "Mon, 30 Nov 2026 10:00:30 GMT",
+        "Description": "",
+        "EventSource": "Platform",
+        "DurationInSeconds": -1,
+        **extra,
+    }
+
+
+async def test_azure_preempt_for_this_vm_is_a_notice_and_is_acknowledged() -> None:
+    server = AzureMetadata(vm_name="vm-7")
+    await server.start()
+    server.set_events(
+        [
+            azure_event("A-1", "Preempt", ["vm-7"]),
+            azure_event("B-2", "Reboot", ["vm-3"]),
+            azure_event("C-3", "Freeze", ["vm-7", "vm-3"]),
+        ]
+    )
+    provider = AzureProvider(settings=fast(server.url), clock=lambda: NOW)
+    notices = {n.upstream_id: n for n in await provider.events()}
+    assert set(notices) == {"A-1", "C-3"}
+    assert notices["A-1"].kind is Kind.PREEMPT
+    assert notices["A-1"].deadline == NOW + timedelta(seconds=30)
+    assert not notices["C-3"].disruptive
+    await provider.acknowledge(notices["A-1"])
+    assert server.approved == ["A-1"]
+    # Once started, the event has no NotBefore: the deadline is when it was seen.
+    (started,) = [n for n in await provider.events() if n.upstream_id == "A-1"]
+    assert started.deadline == NOW
+    await provider.aclose()
+    await server.close()
+
+
+async def test_azure_refuses_requests_without_the_metadata_header() -> None:
+    server = AzureMetadata()
+    await server.start()
+    http = Http(HttpSettings(server.url))
+    resp = await http.request(
+        "GET", "/metadata/scheduledevents", params={"api-version": "2020-07-01"}
+    )
+    assert resp.status == 400
+    await http.aclose()
+    await server.close()
+
+
+async def test_azure_garbage_and_unknown_types_are_reported() -> None:
+    server = AzureMetadata()
+    await server.start()
+    server.set_events([azure_event("X", "Explode", [])])
+    provider = AzureProvider(settings=fast(server.url))
+    recorder = Recorder()
+    task = await watching(provider, recorder)
+    await recorder.until(lambda: recorder.failures, "a failure")
+    server.set_events([azure_event("T-1", "Terminate", [])])
+    await recorder.until(lambda: recorder.latest("azure"), "the terminate notice")
+    await stop(task, provider)
+    await server.close()
+
+
+# --- Alibaba ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("hardened", [False, True])
+async def test_alibaba_termination_time(hardened: bool) -> None:
+    server = AlibabaMetadata(hardened=hardened)
+    await server.start()
+    provider = AlibabaProvider(settings=fast(server.url), clock=lambda: NOW)
+    assert await provider.termination() == []
+    server.termination_time = "2026-11-30T10:05:00Z"
+    (notice,) = await provider.termination()
+    assert notice.deadline == NOW + timedelta(minutes=5)
+    assert notice.event_id == (await provider.termination())[0].event_id
+    server.termination_time = "not a time"
+    with pytest.raises(ProviderError):
+        await provider.termination()
+    await provider.aclose()
+    await server.close()

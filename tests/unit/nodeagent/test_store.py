@@ -1,0 +1,269 @@
+"""The store decides what is due from notices, pods and ``now`` alone."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nodeagent.events import (
+    AckUpstream,
+    Action,
+    DeletePod,
+    EventId,
+    EvictPod,
+    Kind,
+    Notice,
+    NotifyPod,
+    Pod,
+    PodKey,
+    PodUid,
+    SyncNode,
+    WithdrawPod,
+)
+from nodeagent.store import AckOutcome, Settings, Store
+
+T0 = datetime(2026, 11, 30, 10, 0, 0, tzinfo=UTC)
+
+
+def notice(
+    event_id: str = "aws-1",
+    *,
+    source: str = "aws",
+    lead: float = 120,
+    disruptive: bool = True,
+    upstream: str | None = None,
+) -> Notice:
+    return Notice(
+        event_id=EventId(event_id),
+        source=source,
+        channel=source,
+        kind=Kind.TERMINATE,
+        deadline=T0 + timedelta(seconds=lead),
+        reason="spot interruption",
+        disruptive=disruptive,
+        upstream_id=upstream,
+    )
+
+
+def pod(name: str, *, worker: bool = True, daemon: bool = False) -> Pod:
+    return Pod(key=PodKey(f"ns/{name}"), uid=PodUid(f"uid-{name}"), worker=worker, daemon=daemon)
+
+
+def run(store: Store, now: datetime) -> list[Action]:
+    """Carry out everything due, successfully, and return what was done."""
+    actions = store.due(now)
+    for action in actions:
+        store.record(action, ok=True, now=now)
+    return actions
+
+
+def settle(store: Store, now: datetime) -> list[Action]:
+    """Run until nothing more is due at ``now`` (a late notice: notify, then evict at once)."""
+    done: list[Action] = []
+    for _ in range(4):
+        actions = run(store, now)
+        if not actions:
+            break
+        done += actions
+    return done
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def test_a_notice_taints_once_and_notifies_each_pod_once() -> None:
+    store = Store()
+    store.set_pods([pod("w0"), pod("w1")])
+    assert store.observe("aws", [notice()], T0) == [EventId("aws-1")]
+    first = run(store, T0)
+    assert isinstance(first[0], SyncNode)
+    assert [type(a) for a in first[1:]] == [NotifyPod, NotifyPod]
+    # The same notice polled again is the same notice: nothing new is due.
+    assert store.observe("aws", [notice()], at(1)) == []
+    assert run(store, at(1)) == []
+
+
+def test_ack_evicts_that_worker_at_once_and_others_wait_for_the_margin() -> None:
+    store = Store()
+    store.set_pods([pod("w0"), pod("w1")])
+    store.observe("aws", [notice()], T0)
+    run(store, T0)
+    assert store.acknowledge(PodKey("ns/w0"), PodUid("uid-w0"), 1200) is AckOutcome.ACCEPTED
+    evicted = run(store, at(2))
+    assert evicted == [EvictPod(pod("w0"), store.governing() or notice(), "acknowledged")]
+    assert run(store, at(100)) == []
+    late = run(store, at(105))  # deadline 120 s - evict margin 15 s
+    assert [(type(a), a.pod.key) for a in late if isinstance(a, EvictPod)] == [(EvictPod, "ns/w1")]
+
+
+def test_an_ack_cannot_touch_a_pod_that_is_not_under_notice_or_not_here() -> None:
+    store = Store()
+    store.set_pods([pod("w0")])
+    assert store.acknowledge(PodKey("ns/w0"), PodUid("uid-w0"), 1) is AckOutcome.NOT_UNDER_NOTICE
+    assert store.acknowledge(PodKey("ns/w9"), PodUid("uid-w9"), 1) is AckOutcome.NOT_ON_NODE
+    store.observe("aws", [notice()], T0)
+    run(store, T0)
+    # Right name, wrong uid: a pod of the same name elsewhere or an earlier incarnation.
+    assert store.acknowledge(PodKey("ns/w0"), PodUid("other"), 1) is AckOutcome.NOT_ON_NODE
+    assert not any(isinstance(a, EvictPod) for a in run(store, at(1)))
+
+
+def test_withdrawal_untaints_and_withdraws_pods_not_yet_gone() -> None:
+    store = Store()
+    store.set_pods([pod("w0")])
+    store.observe("gcp", [notice("gcp-1", source="gcp", lead=30)], T0)
+    run(store, T0)
+    store.observe("gcp", [], at(1))
+    actions = run(store, at(1))
+    assert actions == [SyncNode(()), WithdrawPod(pod("w0"))]
+    assert run(store, at(2)) == []
+
+
+def test_non_workers_leave_after_workers_and_daemons_never() -> None:
+    store = Store()
+    store.set_pods([pod("w0"), pod("web", worker=False), pod("agent", daemon=True)])
+    store.observe("aws", [notice()], T0)
+    notified = run(store, T0)
+    assert {a.pod.key for a in notified if isinstance(a, NotifyPod)} == {"ns/w0", "ns/web"}
+    store.acknowledge(PodKey("ns/w0"), PodUid("uid-w0"), 5)
+    assert [a.pod.key for a in run(store, at(1)) if isinstance(a, EvictPod)] == ["ns/w0"]
+    # The worker's eviction was accepted; now the rest of the node drains.
+    drained = run(store, at(2))
+    assert [(a.pod.key, a.why) for a in drained if isinstance(a, EvictPod)] == [("ns/web", "drain")]
+
+
+def test_refused_eviction_is_retried_and_delete_is_the_last_resort() -> None:
+    store = Store(settings=Settings(evict_retry=timedelta(seconds=5)))
+    store.set_pods([pod("w0")])
+    store.observe("aws", [notice()], T0)
+    run(store, T0)
+    store.acknowledge(PodKey("ns/w0"), PodUid("uid-w0"), 1)
+    (evict,) = store.due(at(1))
+    store.record(evict, ok=False, now=at(1))  # a PodDisruptionBudget said no
+    assert store.due(at(3)) == []
+    assert store.due(at(6)) == [evict]
+    store.record(evict, ok=False, now=at(6))
+    assert [type(a) for a in store.due(at(115))] == [DeletePod]
+
+
+def test_azure_is_acknowledged_once_every_pod_is_out() -> None:
+    store = Store()
+    store.set_pods([pod("w0")])
+    store.observe("azure", [notice("az-1", source="azure", lead=30, upstream="az-1")], T0)
+    run(store, T0)
+    assert not any(isinstance(a, AckUpstream) for a in store.due(at(1)))
+    store.acknowledge(PodKey("ns/w0"), PodUid("uid-w0"), 9)
+    actions = run(store, at(1))
+    assert [type(a) for a in actions] == [EvictPod, AckUpstream]
+    # The node annotation is rewritten to record the upstream ack, then all is quiet.
+    assert [type(a) for a in run(store, at(1))] == [SyncNode]
+    assert run(store, at(2)) == []
+
+
+def test_a_restarted_agent_repeats_nothing() -> None:
+    first = Store()
+    first.set_pods([pod("w0")])
+    first.observe("aws", [notice()], T0)
+    run(first, T0)
+    recorded = first.active()
+
+    second = Store()
+    second.restore(recorded)
+    annotated = Pod(key=PodKey("ns/w0"), uid=PodUid("uid-w0"), leave_by=recorded[0].notice.deadline)
+    second.set_pods([annotated])
+    second.observe("aws", [notice()], at(30))
+    assert run(second, at(30)) == []
+    # Its ack is still honoured after the restart.
+    assert second.acknowledge(PodKey("ns/w0"), PodUid("uid-w0"), 3) is AckOutcome.ACCEPTED
+
+
+def test_a_more_urgent_notice_renotifies_with_the_earlier_deadline() -> None:
+    store = Store()
+    store.set_pods([pod("w0")])
+    store.observe("aws", [notice("maint", lead=3600)], T0)
+    run(store, T0)
+    store.observe("aws", [notice("maint", lead=3600), notice("spot", lead=120)], at(5))
+    actions = run(store, at(5))
+    (notify,) = [a for a in actions if isinstance(a, NotifyPod)]
+    assert notify.notice.event_id == "spot"
+
+
+def test_deadline_only_moves_earlier() -> None:
+    store = Store()
+    store.observe("azure", [notice("az", source="azure", lead=60)], T0)
+    store.observe("azure", [notice("az", source="azure", lead=600)], at(1))
+    assert store.active()[0].notice.deadline == at(60)
+    store.observe("azure", [notice("az", source="azure", lead=10)], at(2))
+    assert store.active()[0].notice.deadline == at(10)
+
+
+def test_non_disruptive_notices_only_cordon() -> None:
+    store = Store()
+    store.set_pods([pod("w0")])
+    store.observe("aws", [notice("rebalance", lead=0, disruptive=False)], T0)
+    assert [type(a) for a in run(store, at(1000))] == [SyncNode]
+
+
+# --- properties -------------------------------------------------------------------------------
+
+ids = st.sampled_from(["a", "b", "c"])
+step = st.one_of(
+    st.tuples(st.just("observe"), st.frozensets(ids), st.integers(0, 200)),
+    st.tuples(st.just("ack"), st.sampled_from(["w0", "w1", "x"]), st.integers(0, 200)),
+    st.tuples(st.just("tick"), st.integers(0, 200), st.integers(0, 200)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(step, max_size=30))
+def test_no_action_twice_and_evictions_only_under_notice(script: list[tuple[object, ...]]) -> None:
+    store = Store()
+    store.set_pods([pod("w0"), pod("w1")])
+    now = T0
+    leads = {"a": 120, "b": 60, "c": 300}
+    evicted: set[str] = set()
+    told: dict[str, tuple[str, datetime] | None] = {"ns/w0": None, "ns/w1": None}
+    for op, arg, advance in script:
+        assert isinstance(advance, int)
+        now += timedelta(seconds=advance)
+        if op == "observe":
+            assert isinstance(arg, frozenset)
+            store.observe("aws", [notice(i, lead=leads[i] + 1000) for i in sorted(arg)], now)
+        elif op == "ack":
+            outcome = store.acknowledge(PodKey(f"ns/{arg}"), PodUid(f"uid-{arg}"), 1)
+            if arg == "x":
+                assert outcome is AckOutcome.NOT_ON_NODE
+        for action in settle(store, now):
+            if isinstance(action, EvictPod):
+                # An eviction happens under the notice the pod was last told, once per pod.
+                assert action.pod.key not in evicted
+                assert told[action.pod.key] == (action.notice.event_id, action.notice.deadline)
+                evicted.add(action.pod.key)
+            elif isinstance(action, NotifyPod):
+                # A pod is never told the same thing twice in a row, and never after eviction.
+                assert action.pod.key not in evicted
+                current = (action.notice.event_id, action.notice.deadline)
+                assert told[action.pod.key] != current
+                told[action.pod.key] = current
+            elif isinstance(action, WithdrawPod):
+                assert action.pod.key not in evicted
+                assert told[action.pod.key] is not None
+                told[action.pod.key] = None
+        # Once everything due has been carried out, nothing is left due at the same instant.
+        assert store.due(now) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.frozensets(ids), min_size=1, max_size=20))
+def test_node_taint_matches_the_last_observation(observations: list[frozenset[str]]) -> None:
+    store = Store()
+    applied: tuple[str, ...] = ()
+    for i, seen in enumerate(observations):
+        store.observe("aws", [notice(x) for x in sorted(seen)], at(i))
+        for action in run(store, at(i)):
+            if isinstance(action, SyncNode):
+                applied = tuple(t.notice.event_id for t in action.notices)
+        assert set(applied) == set(seen)
