@@ -1,0 +1,3 @@
+from scheduler.simulate.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,149 @@
+"""``python -m scheduler.simulate --cluster FILE --jobs FILE [--spot-trace FILE] --out DIR``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from scheduler.simulate import engine, inputs, report
+
+
+def parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    p = argparse.ArgumentParser(
+        prog="python -m scheduler.simulate",
+        description="Replay a job trace (and a spot trace) through the scheduling core on a "
+        "virtual clock and compare placement policies on the same input.",
+    )
+    p.add_argument(
+        "--cluster",
+        type=Path,
+        default=env("SHOAL_SIM_CLUSTER"),
+        required=not env("SHOAL_SIM_CLUSTER"),
+        help="cluster: JSON node groups or a Tiresias shape CSV [env SHOAL_SIM_CLUSTER]",
+    )
+    p.add_argument(
+        "--jobs",
+        type=Path,
+        default=env("SHOAL_SIM_JOBS"),
+        required=not env("SHOAL_SIM_JOBS"),
+        help="job trace CSV: Philly, Tiresias or native columns [env SHOAL_SIM_JOBS]",
+    )
+    p.add_argument(
+        "--spot-trace",
+        type=Path,
+        default=env("SHOAL_SIM_SPOT"),
+        help="spot trace: milliseconds,add|remove,node [env SHOAL_SIM_SPOT]",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path(env("SHOAL_SIM_OUT", "sim-out")),
+        help="output folder for summary.json and plots [env SHOAL_SIM_OUT] (default %(default)s)",
+    )
+    p.add_argument(
+        "--policies",
+        default=env("SHOAL_SIM_POLICIES", ",".join(engine.POLICIES)),
+        help="comma-separated policies [env SHOAL_SIM_POLICIES] (default %(default)s)",
+    )
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=int(env("SHOAL_SIM_LIMIT", "0")) or None,
+        help="use only the first N jobs of the trace [env SHOAL_SIM_LIMIT]",
+    )
+    p.add_argument(
+        "--notice",
+        type=float,
+        default=float(env("SHOAL_SIM_NOTICE", "120")),
+        help="revocation notice, seconds (AWS 120, GCP/Azure 30, Alibaba 300) "
+        "[env SHOAL_SIM_NOTICE] (default %(default)s)",
+    )
+    p.add_argument(
+        "--checkpoint-interval",
+        type=float,
+        default=float(env("SHOAL_SIM_CKPT_INTERVAL", "1800")),
+        help="periodic checkpoint interval, seconds [env SHOAL_SIM_CKPT_INTERVAL] "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--horizon",
+        type=float,
+        default=float(env("SHOAL_SIM_HORIZON", "0")) or None,
+        help="stop the clock after this many simulated seconds [env SHOAL_SIM_HORIZON]",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = [p for p in policies if p not in engine.POLICIES]
+    if unknown:
+        print(
+            f"simulate: unknown policies {unknown}; choose from {sorted(engine.POLICIES)}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        groups = inputs.load_cluster(args.cluster)
+        nodes = inputs.build_nodes(groups)
+        node_gpus = max(n.allocatable.gpu for n in nodes)
+        jobs = inputs.load_jobs(args.jobs, node_gpus, limit=args.limit)
+        spot = inputs.load_spot(args.spot_trace) if args.spot_trace else []
+    except (OSError, inputs.InputError) as exc:
+        print(f"simulate: {exc}", file=sys.stderr)
+        return 2
+    too_big = [
+        j.id for j in jobs if j.pod_gpus * j.min_pods > sum(n.allocatable.gpu for n in nodes)
+    ]
+    if too_big:
+        print(
+            f"simulate: {len(too_big)} jobs need more GPUs than the cluster has and will "
+            f"never start (first: {too_big[0]})",
+            file=sys.stderr,
+        )
+    base = engine.Settings(
+        notice_seconds=args.notice,
+        checkpoint_interval=args.checkpoint_interval,
+        horizon=args.horizon,
+    )
+    runs: list[tuple[str, engine.Settings]] = [(p, base) for p in policies]
+    if spot and "shoal" in policies:
+        import dataclasses
+
+        runs.append(("shoal", dataclasses.replace(base, checkpoint_on_notice=False)))
+    results = []
+    for policy, settings in runs:
+        label = policy if settings.checkpoint_on_notice else f"{policy} (periodic checkpoints only)"
+        print(f"simulate: {label}: {len(jobs)} jobs on {len(nodes)} nodes ...", file=sys.stderr)
+        result = engine.Simulation(nodes, jobs, spot, policy, settings).run()
+        s = result.summary()
+        print(
+            f"simulate: {label}: {s['jobs_finished']}/{s['jobs']} finished, allocation "
+            f"{s['gpu_allocation_mean']}, JCT mean {s['jct_mean_s']} s, "
+            f"{result.wall_seconds:.1f} s wall",
+            file=sys.stderr,
+        )
+        results.append(result)
+    written = report.write(
+        results,
+        args.out,
+        {
+            "cluster": str(args.cluster),
+            "jobs": str(args.jobs),
+            "spot_trace": str(args.spot_trace) if args.spot_trace else None,
+            "job_count": len(jobs),
+            "nodes": len(nodes),
+            "limit": args.limit,
+            "notice_seconds": args.notice,
+            "checkpoint_interval": args.checkpoint_interval,
+            "elastic_rule": "pod GPUs = min(G, GPUs per node); members n = ceil(G / pod GPUs); "
+            "min = ceil(n / 2); max = n",
+        },
+    )
+    for path in written:
+        print(path)
+    return 0

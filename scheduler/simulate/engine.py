@@ -1,0 +1,566 @@
+"""The simulation: a virtual clock, the live scheduling core, jobs that make progress.
+
+Model, stated so results can be read correctly:
+
+- Time is virtual. Events (job arrival, job completion, a node joining, a revocation notice, a
+  node disappearing, a metrics sample) are processed in time order; after each batch of events
+  at one instant the scheduler runs cycles (:func:`scheduler.cycle.run_cycle`) until no gang is
+  ready, exactly as the live scheduler does after a cluster event.
+- A job is a gang of ``max_pods`` members of ``pod_gpus`` GPUs; it makes progress only while at
+  least ``min_pods`` members are bound, at a rate proportional to the members bound (linear
+  scaling), and finishes when it has done ``duration`` seconds of full-size work.
+- Every membership change (start, growth, shrink) costs ``restart_seconds`` of no progress, as an
+  elastic launcher's re-rendezvous does. Workers checkpoint every ``checkpoint_interval``
+  seconds of run time.
+- A revocation removes a spot node at the time the spot trace says. With ``checkpoint_on_notice``
+  (the node agent) the scheduler stops placing on the node ``notice_seconds`` before that, and the
+  node's workers checkpoint (``checkpoint_seconds``, during which the job makes no progress) and
+  leave: no work is lost. Without it the workers die at removal and their job rolls back to its
+  last periodic checkpoint. Either way a gang left below its minimum stops whole and waits to be
+  admitted again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from contracts import names
+from scheduler import topology
+from scheduler.cache import Cache, Snapshot
+from scheduler.cycle import Config, Decision, run_cycle
+from scheduler.model import Gang, GangKey, Node, NodeName, PodKey, PodRequest, Resources
+from scheduler.placement.score import Weights
+from scheduler.queue import GangQueue
+from scheduler.simulate.inputs import JobSpec, SpotEvent
+
+NAMESPACE = "sim"
+_EPS = 1e-6
+
+#: The policies compared. All run through the same search; only the configuration differs.
+POLICIES: Mapping[str, Config] = {
+    "shoal": Config(),
+    # Most-allocated node first, no topology or capacity-type preference.
+    "best-fit": Config(
+        topology_keys=(), weights=Weights(island=0, capacity=0, together=0, tight=1)
+    ),
+    # kube-scheduler's default spreading: least-allocated node first.
+    "least-allocated": Config(
+        topology_keys=(), weights=Weights(island=0, capacity=0, together=0, tight=-1)
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    notice_seconds: float = 120.0
+    checkpoint_seconds: float = 20.0
+    restart_seconds: float = 30.0
+    checkpoint_interval: float = 1800.0
+    checkpoint_on_notice: bool = True
+    sample_every: float = 300.0
+    #: Stop the clock here even if jobs remain (seconds after the first submission).
+    horizon: float | None = None
+
+
+@dataclass(slots=True)
+class _Job:
+    spec: JobSpec
+    pods: dict[PodKey, PodRequest]
+    work: float = 0.0
+    saved: float = 0.0
+    last: float = 0.0
+    paused_until: float = 0.0
+    origin: float = 0.0
+    first_admit: float | None = None
+    finished: float | None = None
+    version: int = 0
+    down_since: float | None = None
+    down_revocations: list[int] = field(default_factory=list)
+    rack_measured: bool = False
+
+    @property
+    def key(self) -> GangKey:
+        return GangKey(f"{NAMESPACE}/{self.spec.id}")
+
+    @property
+    def bound(self) -> int:
+        return sum(1 for p in self.pods.values() if p.node is not None)
+
+    @property
+    def running(self) -> bool:
+        return self.bound >= self.spec.min_pods
+
+    def gang(self) -> Gang:
+        return Gang(
+            key=self.key,
+            namespace=NAMESPACE,
+            name=self.spec.id,
+            min_member=self.spec.min_pods,
+            max_member=self.spec.max_pods,
+            members=tuple(self.pods.values()),
+            priority=self.spec.priority,
+            created=self.spec.submit,
+        )
+
+
+@dataclass(slots=True)
+class Revocation:
+    node: str
+    time: float
+    notice: float
+    jobs: int = 0
+    pods: int = 0
+    lost_gpu_seconds: float = 0.0
+    downtime_seconds: float = 0.0
+
+
+@dataclass(slots=True)
+class Result:
+    policy: str
+    settings: Settings
+    samples: list[tuple[float, float, float, int]] = field(default_factory=list)
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+    revocations: list[Revocation] = field(default_factory=list)
+    gangs_admitted_multi: int = 0
+    gangs_one_rack: int = 0
+    gangs_one_rack_possible: int = 0
+    gangs_one_rack_when_possible: int = 0
+    multi_gpu_pods: int = 0
+    multi_gpu_pods_in_island: int = 0
+    multi_gpu_pods_island_possible: int = 0
+    cycles: int = 0
+    decision_seconds: list[float] = field(default_factory=list)
+    end_time: float = 0.0
+    wall_seconds: float = 0.0
+    spot_nodes_unmapped: int = 0
+
+    def summary(self) -> dict[str, Any]:
+        done = [j for j in self.jobs if j["finished"] is not None]
+        waits = sorted(j["wait"] for j in self.jobs if j["wait"] is not None)
+        jcts = sorted(j["finished"] - j["submit"] for j in done)
+        alloc = [s[1] for s in self.samples]
+        frag = [s[2] for s in self.samples]
+        busy = [s[1] for s in self.samples if s[3] > 0]  # while something waits
+        decisions = sorted(self.decision_seconds)
+        return {
+            "policy": self.policy,
+            "checkpoint_on_notice": self.settings.checkpoint_on_notice,
+            "jobs": len(self.jobs),
+            "jobs_finished": len(done),
+            "simulated_seconds": round(self.end_time, 1),
+            "gpu_allocation_mean": _mean(alloc),
+            "gpu_allocation_while_jobs_wait": _mean(busy),
+            "fragmentation_mean": _mean(frag),
+            "job_wait_p50_s": _pct(waits, 50),
+            "job_wait_p99_s": _pct(waits, 99),
+            "jct_mean_s": _mean(jcts),
+            "jct_p50_s": _pct(jcts, 50),
+            "jct_p99_s": _pct(jcts, 99),
+            "makespan_s": round(max((j["finished"] for j in done), default=0.0), 1),
+            "gangs_in_one_rack": _share(self.gangs_one_rack, self.gangs_admitted_multi),
+            "gangs_in_one_rack_when_possible": _share(
+                self.gangs_one_rack_when_possible, self.gangs_one_rack_possible
+            ),
+            "multi_gpu_pods_in_one_island": _share(
+                self.multi_gpu_pods_in_island, self.multi_gpu_pods
+            ),
+            "multi_gpu_pods_in_one_island_when_possible": _share(
+                self.multi_gpu_pods_in_island, self.multi_gpu_pods_island_possible
+            ),
+            "revocations": len(self.revocations),
+            "revocations_affecting_jobs": sum(1 for r in self.revocations if r.jobs),
+            "lost_gpu_hours": round(sum(r.lost_gpu_seconds for r in self.revocations) / 3600, 2),
+            "lost_gpu_seconds_per_revocation": _mean(
+                [r.lost_gpu_seconds for r in self.revocations if r.jobs]
+            ),
+            "downtime_seconds_per_revocation": _mean(
+                [r.downtime_seconds for r in self.revocations if r.jobs]
+            ),
+            "scheduling_cycles": self.cycles,
+            "decision_ms_p50": _pct([d * 1000 for d in decisions], 50),
+            "decision_ms_p99": _pct([d * 1000 for d in decisions], 99),
+            "spot_trace_nodes_without_a_spot_node": self.spot_nodes_unmapped,
+            "wall_seconds": round(self.wall_seconds, 2),
+        }
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def _pct(values: Sequence[float], p: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, math.ceil(p / 100 * len(ordered)) - 1))
+    return round(ordered[index], 3)
+
+
+def _share(part: int, whole: int) -> float | None:
+    return round(part / whole, 4) if whole else None
+
+
+def _pod(spec: JobSpec, index: int) -> PodRequest:
+    name = f"{spec.id}-{index}"
+    return PodRequest(
+        key=PodKey(f"{NAMESPACE}/{name}"),
+        namespace=NAMESPACE,
+        name=name,
+        uid=name,
+        requests=Resources(
+            cpu_milli=1000 * spec.pod_gpus, memory=2**30 * spec.pod_gpus, gpu=spec.pod_gpus, pods=1
+        ),
+        scheduler_name=names.SCHEDULER_NAME,
+        priority=spec.priority,
+        created=spec.submit,
+    )
+
+
+class Simulation:
+    """One run of one policy over one input. ``run()`` returns the :class:`Result`."""
+
+    def __init__(
+        self,
+        nodes: Sequence[Node],
+        jobs: Sequence[JobSpec],
+        spot: Sequence[SpotEvent],
+        policy: str,
+        settings: Settings = Settings(),
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose from {sorted(POLICIES)}")
+        self.config = POLICIES[policy]
+        self.settings = settings
+        self.result = Result(policy=policy, settings=settings)
+        self.cache = Cache(assume_ttl=math.inf)
+        self.queue = GangQueue()
+        self.nodes = {n.name: n for n in nodes}
+        self.live: set[NodeName] = set()
+        self.jobs = {
+            spec.id: _Job(spec, {p.key: p for p in (_pod(spec, i) for i in range(spec.max_pods))})
+            for spec in jobs
+        }
+        self.active: dict[str, _Job] = {}
+        self._events: list[tuple[float, int, str, Any]] = []
+        self._seq = itertools.count()
+        self._plan(spot)
+
+    # -- set-up ------------------------------------------------------------------------------
+    def _push(self, when: float, kind: str, data: Any) -> None:
+        heapq.heappush(self._events, (when, next(self._seq), kind, data))
+
+    def _plan(self, spot: Sequence[SpotEvent]) -> None:
+        spot_nodes = [n for n in self.nodes.values() if n.spot]
+        if not spot:
+            for name in self.nodes:
+                self._push(0.0, "add", name)
+        else:
+            for node in self.nodes.values():
+                if not node.spot:
+                    self._push(0.0, "add", node.name)
+            mapping: dict[str, NodeName] = {}
+            added: dict[str, float] = {}
+            unmapped: set[str] = set()
+            for event in spot:
+                if event.node not in mapping:
+                    if len(mapping) < len(spot_nodes):
+                        mapping[event.node] = spot_nodes[len(mapping)].name
+                    else:
+                        unmapped.add(event.node)
+                        continue
+                target = mapping[event.node]
+                if event.kind == "add":
+                    added[event.node] = event.time
+                    self._push(event.time, "add", target)
+                elif event.node in added:
+                    since = added.pop(event.node)
+                    notice_at = max(since, event.time - self.settings.notice_seconds)
+                    self._push(notice_at, "notice", (target, event.time))
+                    self._push(event.time, "remove", target)
+            self.result.spot_nodes_unmapped = len(unmapped)
+        for job in self.jobs.values():
+            self._push(job.spec.submit, "arrive", job.spec.id)
+        self._push(0.0, "sample", None)
+
+    # -- the clock ---------------------------------------------------------------------------
+    def run(self) -> Result:
+        started = time.perf_counter()
+        now = 0.0
+        horizon = self.settings.horizon
+        while self._events:
+            now = self._events[0][0]
+            if horizon is not None and now > horizon:
+                now = horizon
+                break
+            freed = arrived = False
+            while self._events and self._events[0][0] == now:
+                _, _, kind, data = heapq.heappop(self._events)
+                effect = self._handle(kind, data, now)
+                freed |= effect == "freed"
+                arrived |= effect == "arrived"
+            if freed or arrived:
+                # Like the live scheduler: gangs backing off are retried when room may have
+                # been freed; a new gang is tried at once either way.
+                self._schedule(now, wake=freed)
+            if not self.active and all(j.finished is not None for j in self.jobs.values()):
+                break
+        for job in self.jobs.values():
+            self._advance(job, now)
+        self._close(now)
+        self.result.end_time = now
+        self.result.wall_seconds = time.perf_counter() - started
+        return self.result
+
+    def _handle(self, kind: str, data: Any, now: float) -> str:
+        """Apply one event; says whether it "freed" room, "arrived" a gang, or neither ("")."""
+        if kind == "arrive":
+            job = self.jobs[data]
+            job.last = now
+            self.active[data] = job
+            for pod in job.pods.values():
+                self.cache.set_pod(pod)
+            return "arrived"
+        if kind == "finish":
+            job_id, version = data
+            running = self.active.get(job_id)
+            if running is None or running.version != version:
+                return ""
+            self._advance(running, now)
+            if running.work >= running.spec.duration - _EPS:
+                self._finish(running, now)
+                return "freed"
+            self._reschedule_finish(running, now)
+            return ""
+        if kind == "add":
+            self.live.add(data)
+            self.cache.set_node(self.nodes[data])
+            return "freed"
+        if kind == "notice":
+            node, removal = data
+            if node in self.live and self.settings.checkpoint_on_notice:
+                self._revoke(node, now, notice=removal - now)
+            return "freed"
+        if kind == "remove":
+            if data in self.live:
+                self._revoke(data, now, notice=0.0, remove=True)
+            return "freed"
+        if kind == "sample":
+            self._sample(now)
+            if self.active or any(k == "arrive" for _, _, k, _ in self._events):
+                self._push(now + self.settings.sample_every, "sample", None)
+            return ""
+        raise AssertionError(kind)
+
+    # -- scheduling --------------------------------------------------------------------------
+    def _schedule(self, now: float, *, wake: bool) -> None:
+        if wake:
+            self.queue.wake()
+        while True:
+            gangs = [job.gang() for job in self.active.values()]
+            snapshot = self.cache.snapshot()
+            started = time.perf_counter()
+            decision = run_cycle(gangs, self.queue, snapshot, now, self.config)
+            if decision is None:
+                return
+            self.result.cycles += 1
+            self.result.decision_seconds.append(time.perf_counter() - started)
+            if decision.progressed:
+                self._apply(decision, snapshot, now)
+
+    def _apply(self, decision: Decision, snapshot: Snapshot, now: float) -> None:
+        job = self.active[decision.gang.name]
+        self._advance(job, now)
+        was_running = job.running
+        self._measure_placement(decision, snapshot)
+        for assignment in decision.bindings:
+            pod = dataclasses.replace(job.pods[assignment.pod], node=assignment.node)
+            job.pods[pod.key] = pod
+            self.cache.set_pod(pod)
+        if job.bound >= 2 and not job.rack_measured:
+            job.rack_measured = True
+            self._measure_rack(job, snapshot)
+        if job.running and not was_running:
+            job.origin = now
+            if job.first_admit is None:
+                job.first_admit = now
+            if job.down_since is not None:
+                down = now + self.settings.restart_seconds - job.down_since
+                for index in job.down_revocations:
+                    self.result.revocations[index].downtime_seconds += down
+                job.down_since = None
+                job.down_revocations.clear()
+        job.paused_until = max(job.paused_until, now + self.settings.restart_seconds)
+        self._reschedule_finish(job, now)
+
+    # -- progress ------------------------------------------------------------------------------
+    def _advance(self, job: _Job, now: float) -> None:
+        if job.finished is not None:
+            return
+        start = max(job.last, job.paused_until)
+        if job.running and now > start:
+            rate = job.bound / job.spec.max_pods
+            interval = self.settings.checkpoint_interval
+            if interval > 0:
+                last_checkpoint = job.origin + math.floor((now - job.origin) / interval) * interval
+                if last_checkpoint > start:
+                    job.saved = job.work + rate * (last_checkpoint - start)
+            job.work = min(job.spec.duration, job.work + rate * (now - start))
+        job.last = now
+
+    def _reschedule_finish(self, job: _Job, now: float) -> None:
+        job.version += 1
+        if not job.running:
+            return
+        rate = job.bound / job.spec.max_pods
+        start = max(now, job.paused_until)
+        self._push(
+            start + (job.spec.duration - job.work) / rate, "finish", (job.spec.id, job.version)
+        )
+
+    def _finish(self, job: _Job, now: float) -> None:
+        job.finished = now
+        for key in job.pods:
+            self.cache.remove_pod(key)
+        del self.active[job.spec.id]
+        self.queue.prune(j.key for j in self.active.values())
+
+    def _revoke(self, node: NodeName, now: float, *, notice: float, remove: bool = False) -> None:
+        """The node is going: workers leave (notice) or die (removal)."""
+        record_index = self._revocation_record(node, now, notice)
+        record = self.result.revocations[record_index]
+        graceful = not remove and notice >= self.settings.checkpoint_seconds
+        if remove:
+            self.live.discard(node)
+            self.cache.remove_node(node)
+        else:
+            self.cache.set_node(dataclasses.replace(self.nodes[node], unschedulable=True))
+        for job in list(self.active.values()):
+            leaving = [k for k, p in job.pods.items() if p.node == node]
+            if not leaving:
+                continue
+            record.jobs += 1
+            record.pods += len(leaving)
+            self._advance(job, now)
+            pause = self.settings.restart_seconds
+            if graceful:
+                job.saved = job.work
+                pause += self.settings.checkpoint_seconds
+            else:
+                record.lost_gpu_seconds += (job.work - job.saved) * job.spec.gpus
+                job.work = job.saved
+            for key in leaving:
+                self._unbind(job, key)
+            if 0 < job.bound < job.spec.min_pods:
+                for key in [k for k, p in job.pods.items() if p.node is not None]:
+                    self._unbind(job, key)
+            if job.bound == 0:
+                job.down_since = now
+                job.down_revocations.append(record_index)
+            else:
+                record.downtime_seconds += pause
+            job.paused_until = now + pause
+            self._reschedule_finish(job, now)
+
+    def _revocation_record(self, node: NodeName, now: float, notice: float) -> int:
+        for i in range(len(self.result.revocations) - 1, -1, -1):
+            r = self.result.revocations[i]
+            if r.node == node and now - r.time <= self.settings.notice_seconds + _EPS:
+                return i  # the removal of a node already noticed
+        self.result.revocations.append(Revocation(node=node, time=now, notice=notice))
+        return len(self.result.revocations) - 1
+
+    def _unbind(self, job: _Job, key: PodKey) -> None:
+        pod = dataclasses.replace(job.pods[key], node=None)
+        job.pods[key] = pod
+        self.cache.set_pod(pod)
+
+    def _close(self, now: float) -> None:
+        for job in self.jobs.values():
+            if job.down_since is not None:
+                for index in job.down_revocations:
+                    self.result.revocations[index].downtime_seconds += now - job.down_since
+            self.result.jobs.append(
+                {
+                    "id": job.spec.id,
+                    "submit": job.spec.submit,
+                    "gpus": job.spec.gpus,
+                    "min_pods": job.spec.min_pods,
+                    "max_pods": job.spec.max_pods,
+                    "wait": None if job.first_admit is None else job.first_admit - job.spec.submit,
+                    "finished": job.finished,
+                }
+            )
+
+    # -- measurements --------------------------------------------------------------------------
+    def _sample(self, now: float) -> None:
+        snapshot = self.cache.snapshot()
+        live = [s for name, s in snapshot.nodes.items() if name in self.live]
+        capacity = sum(s.node.allocatable.gpu for s in live)
+        used = sum(s.requested.gpu for s in live)
+        waiting = [
+            p.requests.gpu
+            for job in self.active.values()
+            if not job.running
+            for p in job.pods.values()
+            if p.node is None
+        ]
+        smallest = min(waiting, default=0)
+        free_total = 0
+        stranded = 0
+        for s in live:
+            if s.node.unschedulable:
+                continue
+            free = max(0, s.free.gpu)
+            free_total += free
+            if smallest and free < smallest:
+                stranded += free
+        alloc = used / capacity if capacity else 0.0
+        frag = stranded / free_total if free_total and smallest else 0.0
+        self.result.samples.append((now, alloc, frag, len(waiting)))
+
+    def _measure_placement(self, decision: Decision, snapshot: Snapshot) -> None:
+        view = snapshot
+        for assignment in decision.bindings:
+            gpus = view.pods[assignment.pod].requests.gpu
+            state = view.nodes[assignment.node]
+            if gpus > 1 and state.islands is not None:
+                self.result.multi_gpu_pods += 1
+                if topology.best_island(state.islands, gpus) is not None:
+                    self.result.multi_gpu_pods_in_island += 1
+                if any(
+                    s.islands is not None
+                    and not s.node.unschedulable
+                    and topology.best_island(s.islands, gpus) is not None
+                    for s in view.nodes.values()
+                ):
+                    self.result.multi_gpu_pods_island_possible += 1
+            view = view.with_assignments([assignment])
+
+    def _measure_rack(self, job: _Job, snapshot: Snapshot) -> None:
+        """First time a gang has two or more members: are they in one rack, and could they be?"""
+        racks = {
+            self.nodes[p.node].labels.get(names.RACK_LABEL)
+            for p in job.pods.values()
+            if p.node is not None
+        }
+        self.result.gangs_admitted_multi += 1
+        one_rack = len(racks) == 1
+        if one_rack:
+            self.result.gangs_one_rack += 1
+        need = job.bound * job.spec.pod_gpus
+        free_by_rack: dict[str | None, int] = {}
+        for name, state in snapshot.nodes.items():
+            if name in self.live and not state.node.unschedulable:
+                rack = state.node.labels.get(names.RACK_LABEL)
+                slots = max(0, state.free.gpu) // job.spec.pod_gpus * job.spec.pod_gpus
+                free_by_rack[rack] = free_by_rack.get(rack, 0) + slots
+        if any(v >= need for v in free_by_rack.values()):
+            self.result.gangs_one_rack_possible += 1
+            self.result.gangs_one_rack_when_possible += one_rack
