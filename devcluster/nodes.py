@@ -82,6 +82,7 @@ def node_manifest(spec: NodeSpec, index: int) -> dict[str, Any]:
     if spec.gpus:
         labels[names.GPU_PRODUCT_LABEL] = spec.product
         labels[names.GPU_COUNT_LABEL] = str(spec.gpus)
+        labels["nvidia.com/gpu.present"] = "true"  # as NVIDIA GPU feature discovery labels
         if spec.topology:
             annotations[names.GPU_TOPOLOGY_ANNOTATION] = gputopology.encode(
                 gputopology.uniform(

@@ -72,6 +72,9 @@ class Informer:
         response = self._response
         if response is not None:
             try:
+                # Shut the socket down first: close() alone can block while the informer's
+                # thread is inside a read of the watch stream, and stall shutdown for good.
+                response.shutdown()
                 response.close()
             except Exception as exc:
                 log.debug("informer_close_failed", kind=self.kind, error=str(exc))
