@@ -1,114 +1,225 @@
-"""The demo: a local cluster of kwok GPU nodes, then the elastic-training scenario.
+"""``make demo``: elastic training gangs surviving a spot revocation on a local cluster.
 
-The scenario itself (Shoal scheduler, node agents, elastic jobs and a spot revocation) arrives
-with the scheduler and node-agent work; until then the demo sets up the cluster it will run on,
-shows it, and says so plainly.
+A real control plane (etcd, kube-apiserver, kube-controller-manager, kwok) with GPU nodes, the
+Shoal scheduler, one Shoal node agent per node, and three elastic jobs. The story: the jobs are
+admitted at their minimum and grown to their maximum; two spot nodes get a revocation notice;
+their workers checkpoint, acknowledge and leave; the gangs shrink but stay above their minimum
+and replacements are placed; an urgent job arrives and reclaims surplus members; capacity
+returns and the gangs regrow. Time is compressed (the notice lead and grace periods are divided
+by --compression, and the output says so). The demo exits non-zero if any expectation fails —
+a gang partially bound, a step lost, a worker killed before its checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import os
 import sys
-import tempfile
-import time
 from pathlib import Path
-from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.table import Table
 
-from contracts import gputopology, names
-from devcluster import build, cluster, nodes
+from demo import clouds
+from demo.scenario import Demo, ExpectationFailed, Options, summary_rows
+from devcluster import build
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="make demo", description=__doc__)
+    env = os.environ.get
+    p = argparse.ArgumentParser(
+        prog="make demo  (or: python -m demo)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument(
         "--nodes",
         type=int,
-        default=int(os.environ.get("SHOAL_DEMO_NODES", "16")),
-        help="kwok GPU nodes, 8 GPUs each [env SHOAL_DEMO_NODES] (default %(default)s)",
+        default=int(env("SHOAL_DEMO_NODES", "16")),
+        help="kwok GPU nodes, 8 GPUs each; 16 plays three jobs, 8 a shorter story "
+        "with two [env SHOAL_DEMO_NODES] (default %(default)s)",
+    )
+    p.add_argument(
+        "--cloud",
+        choices=sorted(clouds.LEADS),
+        default=env("SHOAL_DEMO_CLOUD", "aws"),
+        help="whose metadata protocol and notice to emulate [env SHOAL_DEMO_CLOUD] "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--compression",
+        type=float,
+        default=float(env("SHOAL_DEMO_COMPRESSION", "6")),
+        help="divide notice leads and grace periods by this [env "
+        "SHOAL_DEMO_COMPRESSION] (default %(default)s)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path(env("SHOAL_DEMO_OUT", "demo-out")),
+        help="folder for the summary, the timeline PNG and every component's log "
+        "[env SHOAL_DEMO_OUT] (default %(default)s)",
+    )
+    p.add_argument(
+        "--no-live",
+        action="store_true",
+        default=env("SHOAL_DEMO_NO_LIVE") == "1",
+        help="print the event log instead of the live view [env SHOAL_DEMO_NO_LIVE=1]",
     )
     p.add_argument(
         "--keep",
         action="store_true",
-        default=os.environ.get("SHOAL_DEMO_KEEP") == "1",
-        help="leave the cluster up and print its kubeconfig [env SHOAL_DEMO_KEEP=1]",
+        default=env("SHOAL_DEMO_KEEP") == "1",
+        help="leave the cluster, scheduler and agents running and print a kubeconfig "
+        "[env SHOAL_DEMO_KEEP=1]",
     )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    console = Console(stderr=True)
+    if args.nodes < 8:
+        print("demo: --nodes must be at least 8", file=sys.stderr)
+        return 2
+    if args.compression < 1:
+        print("demo: --compression must be at least 1", file=sys.stderr)
+        return 2
+    console = Console()
+    live_view = not args.no_live and console.is_terminal
+    options = Options(
+        nodes=args.nodes,
+        cloud=args.cloud,
+        compression=args.compression,
+        out=args.out.resolve(),
+        live=live_view,
+        keep=args.keep,
+    )
+    options.out.mkdir(parents=True, exist_ok=True)
     bin_dir = build.build()
-    run_dir = Path(tempfile.mkdtemp(prefix="shoal-demo-"))
-    c = cluster.up(run_dir, bin_dir, cluster.Options(die_with_parent=not args.keep))
+    demo = Demo(options, say=(lambda _line: None) if live_view else console.print)
     try:
-        spec = nodes.NodeSpec(count=args.nodes, gpus=8, prefix="demo-gpu", spot_fraction=0.5)
-        created = nodes.create(str(c.kubeconfig), spec)
-        table = _node_table(str(c.kubeconfig), set(created))
-        console.print(table)
-        console.print(
-            "[yellow]The elastic-training scenario is not built yet[/yellow]: it needs the Shoal "
-            "scheduler and node agent. The cluster above is what it will run on."
-        )
-        if args.keep:
-            console.print(
-                f"Cluster left running. kubeconfig: {c.kubeconfig}\n"
-                f"Stop it with: python -m devcluster --run-dir {run_dir} down"
-            )
+        demo.start_cluster(bin_dir)
+        if live_view:
+            with Live(render(demo), console=console, refresh_per_second=4) as live:
+                asyncio.run(demo.run(lambda d: live.update(render(d))))
+        else:
+            asyncio.run(demo.run(None))
+    except ExpectationFailed as exc:
+        demo.fail(str(exc))
+    except KeyboardInterrupt:
+        demo.fail("interrupted")
     finally:
-        if not args.keep:
-            cluster.down(run_dir, say=lambda _m: None)
+        if args.keep and demo.handle is not None:
+            console.print(f"Left running. kubeconfig: {demo.handle.kubeconfig}")
+        demo.shutdown()
+    rows = summary_rows(demo)
+    console.print(summary_table(rows))
+    timeline = write_timeline(demo, options.out / "timeline.png")
+    (options.out / "summary.json").write_text(
+        json.dumps(
+            {
+                "jobs": rows,
+                "failures": demo.failures,
+                "events": demo.events,
+                "cloud": args.cloud,
+                "compression": args.compression,
+                "nodes": args.nodes,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    console.print(
+        f"timeline: {timeline}\nsummary:  {options.out / 'summary.json'}\n"
+        f"logs:     {options.out / 'logs'}"
+    )
+    if demo.failures:
+        console.print(f"[red]{len(demo.failures)} expectation(s) failed:[/red]")
+        for failure in demo.failures:
+            console.print(f"  - {failure}")
+        return 1
+    console.print(
+        "[green]every expectation held: no partial gang, no lost step, every worker "
+        "checkpointed before it left[/green]"
+    )
     return 0
 
 
-def _node_table(kubeconfig: str, wanted: set[str], timeout: float = 60) -> Table:
-    """The nodes as the API server has them, once kwok has marked every one Ready."""
-    from kubernetes import client, config
+def render(demo: Demo) -> Group:
+    nodes = Table(title="nodes x GPUs", show_lines=False)
+    for column in ("node", "state", "GPUs"):
+        nodes.add_column(column)
+    letters = {name: name[0].upper() for name in demo.jobs}
+    for node, state in sorted(demo.node_state.items()):
+        jobs = demo.node_pods.get(node, [])
+        cells = "".join(letters[j] * 8 for j in jobs).ljust(8, ".")[:8]
+        nodes.add_row(node, state, cells)
+    gangs = Table(title="gangs")
+    for column in ("job", "min", "bound", "max", "step", "lost"):
+        gangs.add_column(column)
+    for name, job in demo.jobs.items():
+        gangs.add_row(
+            name, str(job.plan.min), str(job.bound), str(job.plan.max), str(job.step), str(job.lost)
+        )
+    log = Table(title="events", show_header=False)
+    log.add_column("event")
+    for line in demo.events[-12:]:
+        log.add_row(line)
+    return Group(gangs, nodes, log)
 
-    api = config.new_client_from_config(config_file=kubeconfig)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            items = [
-                n for n in client.CoreV1Api(api).list_node().items if n.metadata.name in wanted
-            ]
-            ready = [n for n in items if _is_ready(n)]
-            if len(ready) == len(wanted) or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-    finally:
-        api.close()
-    table = Table(title=f"{len(ready)}/{len(wanted)} kwok GPU nodes Ready on a real control plane")
-    for column in ("node", "rack", "capacity", "GPUs", "NVLink islands", "Ready"):
+
+def summary_table(rows: list[dict[str, object]]) -> Table:
+    table = Table(title="summary")
+    for column in (
+        "job",
+        "min..max",
+        "steps",
+        "steps lost",
+        "time below target",
+        "replacements",
+        "replacement latency p50 / max",
+    ):
         table.add_column(column)
-    for node in sorted(items, key=lambda n: str(n.metadata.name)):
-        labels = node.metadata.labels
-        raw = node.metadata.annotations.get(names.GPU_TOPOLOGY_ANNOTATION)
-        islands = (
-            " ".join(
-                "[" + ",".join(map(str, sorted(m))) + "]"
-                for m in gputopology.decode(raw).islands().values()
-            )
-            if raw
+    for row in rows:
+        latency = (
+            f"{row['replacement_latency_p50_s']} s / {row['replacement_latency_max_s']} s"
+            if row["replacements"]
             else "-"
         )
         table.add_row(
-            node.metadata.name,
-            labels.get(names.RACK_LABEL, "-"),
-            labels.get(names.CAPACITY_TYPE_LABEL, "-"),
-            node.status.allocatable.get(names.GPU_RESOURCE, "0"),
-            islands,
-            "yes" if _is_ready(node) else "no",
+            str(row["job"]),
+            f"{row['min']}..{row['max']}",
+            str(row["steps"]),
+            str(row["steps_lost"]),
+            f"{row['time_below_target_s']} s",
+            str(row["replacements"]),
+            latency,
         )
     return table
 
 
-def _is_ready(node: Any) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+def write_timeline(demo: Demo, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    times = [t for t, _ in demo.samples]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    if times:
+        series = [[s.get(job, 0) for _, s in demo.samples] for job in demo.jobs]
+        ax.stackplot(times, series, labels=list(demo.jobs), step="post")
+    ax.set_xlabel("seconds since start (compressed time)")
+    ax.set_ylabel("GPUs bound")
+    ax.set_title("GPUs per job")
+    ax.legend(loc="upper left", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from devcluster import pki, process
 from devcluster.errors import NotRunningError, StartError
 from devcluster.process import Proc
@@ -414,14 +416,52 @@ def _kwok_argv(bin_dir: Path, run_dir: Path, ports: dict[str, int]) -> list[str]
     ]
 
 
+#: kwok's "pod-complete" stage marks every Running pod owned by a Job Succeeded at once; training
+#: workers run until they are told to leave, so Job pods here run until deleted (a test that
+#: wants a pod to finish sets its phase, as a kubelet would).
+_SKIPPED_STAGES = frozenset({"pod-complete"})
+
+
 def _write_kwok_stages(bin_dir: Path, run_dir: Path) -> None:
-    """kwok's default stages (node init and lease heartbeat; pod ready, complete, delete)."""
+    """kwok's default stages (node init and lease heartbeat; pod ready and delete)."""
     result = subprocess.run(
         [str(bin_dir / "kwok-stages")], capture_output=True, text=True, check=False, timeout=30
     )
     if result.returncode != 0:
         raise StartError(f"kwok-stages failed: {result.stderr.strip()}")
-    (run_dir / "kwok-stages.yaml").write_text(result.stdout)
+    stages = [
+        doc
+        for doc in yaml.safe_load_all(result.stdout)
+        if doc and doc.get("metadata", {}).get("name") not in _SKIPPED_STAGES
+    ]
+    for stage in stages:
+        if stage["metadata"]["name"] == "pod-delete":
+            # Delete only once the pod has terminated (below), as a kubelet would.
+            stage["spec"]["selector"]["matchExpressions"].append(
+                {"key": ".status.phase", "operator": "NotIn", "values": ["Running", "Pending"]}
+            )
+    stages.append(_POD_TERMINATE)
+    (run_dir / "kwok-stages.yaml").write_text(yaml.safe_dump_all(stages, sort_keys=False))
+
+
+#: A pod being deleted first terminates (phase Failed), as its containers would under a kubelet.
+#: Without this, a Job's pod keeps the Job controller's tracking finalizer forever: the
+#: controller releases it only for terminal pods, so an evicted worker is never replaced.
+_POD_TERMINATE = {
+    "apiVersion": "kwok.x-k8s.io/v1alpha1",
+    "kind": "Stage",
+    "metadata": {"name": "devcluster-pod-terminate"},
+    "spec": {
+        "resourceRef": {"apiGroup": "v1", "kind": "Pod"},
+        "selector": {
+            "matchExpressions": [
+                {"key": ".metadata.deletionTimestamp", "operator": "Exists"},
+                {"key": ".status.phase", "operator": "In", "values": ["Running", "Pending"]},
+            ]
+        },
+        "next": {"statusTemplate": "phase: Failed\n"},
+    },
+}
 
 
 def _scheduler_argv(

@@ -250,3 +250,64 @@ def _configuration(handle: cluster.Cluster) -> Any:
     configuration = client.Configuration()
     config.load_kube_config(config_file=str(handle.kubeconfig), client_configuration=configuration)
     return configuration
+
+
+def test_evicted_job_pod_terminates_and_is_replaced(
+    devcluster: Devcluster, gpu_nodes: list[str], namespace: str
+) -> None:
+    """An evicted Job pod ends Failed with DisruptionTarget, so the Job controller replaces it
+    (a pod that never terminated would keep the Job's tracking finalizer forever)."""
+    template = pod_body("unused")
+    job = {
+        "metadata": {"name": "elastic"},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": 1,
+            "parallelism": 1,
+            "podFailurePolicy": {
+                "rules": [
+                    {
+                        "action": "Ignore",
+                        "onPodConditions": [{"type": "DisruptionTarget"}],
+                    }
+                ]
+            },
+            "template": {"spec": {**template["spec"], "restartPolicy": "Never"}},
+        },
+    }
+    devcluster.batch().create_namespaced_job(namespace, job)
+    core = devcluster.core()
+
+    def one_pod() -> Any:
+        items = core.list_namespaced_pod(namespace, label_selector="job-name=elastic").items
+        return items[0] if len(items) == 1 else None
+
+    first = eventually(one_pod, what="the Job's pod")
+    core.create_namespaced_pod_binding(
+        first.metadata.name,
+        namespace,
+        client.V1Binding(
+            metadata=client.V1ObjectMeta(name=first.metadata.name),
+            target=client.V1ObjectReference(kind="Node", api_version="v1", name=gpu_nodes[2]),
+        ),
+        _preload_content=False,
+    )
+    eventually(
+        lambda: core.read_namespaced_pod(first.metadata.name, namespace).status.phase == "Running",
+        what="the Job's pod to run",
+    )
+    core.create_namespaced_pod_eviction(
+        first.metadata.name,
+        namespace,
+        {"metadata": {"name": first.metadata.name, "namespace": namespace}},
+    )
+
+    def replaced() -> Any:
+        items = core.list_namespaced_pod(namespace, label_selector="job-name=elastic").items
+        fresh = [p for p in items if p.metadata.uid != first.metadata.uid]
+        gone = all(p.metadata.uid != first.metadata.uid for p in items)
+        return fresh if fresh and gone else None
+
+    eventually(replaced, timeout=30, what="the evicted pod to terminate and be replaced")
+    status = devcluster.batch().read_namespaced_job("elastic", namespace).status
+    assert not status.failed, "a disruption must not count as a failure of the Job"

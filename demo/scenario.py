@@ -1,0 +1,565 @@
+"""The demo scenario: elastic gangs on spot capacity, a revocation, a reclaim, and regrowth.
+
+Everything is real but the cloud and the GPUs: a devcluster control plane, kwok GPU nodes, the
+Shoal scheduler and one Shoal node agent per node as separate processes, each agent watching its
+own fake metadata server. Jobs are Indexed Jobs (elastic gangs by label). kwok runs no
+containers, so each Running pod's "worker" is a task here that uses the worker library over the
+agent's notice socket: it trains (the job's step advances while its gang is at or above its
+minimum), checkpoints and acknowledges when told to leave, and is gone when its pod is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+
+from contracts import names
+from demo.clouds import CloudNode
+from devcluster import cluster, nodes, process
+from nodeagent.client import NoticeClient, PodIdentity
+from nodeagent.testing import metadata
+
+NAMESPACE = "training"
+HIGH = "shoal-demo-urgent"
+TICK = 0.5  # seconds per training step
+
+
+class ExpectationFailed(Exception):
+    """Something a user relies on did not hold; the message says what."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobPlan:
+    name: str
+    min: int
+    max: int
+    priority_class: str | None = None
+
+
+@dataclass(slots=True)
+class JobState:
+    plan: JobPlan
+    step: int = 0
+    saved: int = 0
+    lost: int = 0
+    bound: int = 0
+    below_target_s: float = 0.0
+    departures: list[float] = field(default_factory=list)
+    replacement_latency: list[float] = field(default_factory=list)
+    partial_since: float | None = None
+    finished: bool = False
+
+
+@dataclass(slots=True)
+class PodState:
+    uid: str
+    name: str
+    job: str
+    node: str
+    running_since: float
+    checkpointed: bool = False
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass(slots=True)
+class Options:
+    nodes: int = 16
+    cloud: str = "aws"
+    compression: float = 6.0
+    out: Path = Path("demo-out")
+    live: bool = True
+    keep: bool = False
+
+
+def plans(node_count: int) -> tuple[list[JobPlan], JobPlan]:
+    """Three jobs that fill all but two nodes at their maximum, and an urgent one."""
+    if node_count >= 16:
+        jobs = [JobPlan("llama", 3, 6), JobPlan("bert", 2, 4), JobPlan("resnet", 2, 4)]
+        return jobs, JobPlan("urgent", 4, 4, HIGH)
+    if node_count >= 8:
+        return [JobPlan("llama", 2, 3), JobPlan("bert", 2, 3)], JobPlan("urgent", 2, 2, HIGH)
+    raise ValueError("the demo needs at least 8 nodes")
+
+
+class Demo:
+    def __init__(self, options: Options, say: Callable[[str], None]) -> None:
+        self.options = options
+        self.say_line = say
+        self.started = time.monotonic()
+        self.events: list[str] = []
+        self.failures: list[str] = []
+        self.jobs: dict[str, JobState] = {}
+        self.pods: dict[str, PodState] = {}
+        self.samples: list[tuple[float, dict[str, int]]] = []
+        self.node_state: dict[str, str] = {}
+        self.node_pods: dict[str, list[str]] = {}
+        self.procs: list[process.Proc] = []
+        self.agents: dict[str, tuple[process.Proc, str]] = {}
+        self.clouds: dict[str, CloudNode] = {}
+        self.servers = metadata.Threaded()
+        self.handle: cluster.Cluster | None = None
+        self.api: Any = None
+        self.run_dir = options.out / "cluster"
+        self.growth_done = False
+
+    # -- output ------------------------------------------------------------------------------
+    def now(self) -> float:
+        return time.monotonic() - self.started
+
+    def say(self, text: str) -> None:
+        line = f"[{self.now():6.1f}s] {text}"
+        self.events.append(line)
+        self.say_line(line)
+
+    def fail(self, text: str) -> None:
+        self.failures.append(text)
+        self.say(f"EXPECTATION FAILED: {text}")
+
+    # -- set-up ------------------------------------------------------------------------------
+    def start_cluster(self, bin_dir: Path) -> None:
+        self.say(f"starting the control plane ({self.run_dir})")
+        self.handle = cluster.up(
+            self.run_dir,
+            bin_dir,
+            cluster.Options(die_with_parent=not self.options.keep),
+            say=lambda _m: None,
+        )
+        self.api = config.new_client_from_config(config_file=str(self.handle.kubeconfig))
+        core = client.CoreV1Api(self.api)
+        core.create_namespace({"metadata": {"name": NAMESPACE}})
+        client.SchedulingV1Api(self.api).create_priority_class(
+            {
+                "metadata": {"name": HIGH},
+                "value": 100000,
+                "description": "Shoal demo: an urgent job that reclaims surplus members",
+            }
+        )
+        self.add_nodes(self.options.nodes, prefix="gpu")
+        self.start_scheduler()
+
+    def add_nodes(self, count: int, *, prefix: str) -> list[str]:
+        assert self.handle is not None
+        spec = nodes.NodeSpec(
+            count=count, gpus=8, prefix=prefix, spot_fraction=0.5, racks_per_zone=2
+        )
+        created = nodes.create(str(self.handle.kubeconfig), spec)
+        for name in created:
+            self.node_state[name] = "ready"
+            self.start_agent(name)
+        self.say(
+            f"{len(created)} kwok GPU nodes (8 GPUs, two NVLink islands each, half spot), "
+            f"each with a node agent watching its own fake {self.options.cloud} metadata"
+        )
+        return created
+
+    def start_scheduler(self) -> None:
+        assert self.handle is not None
+        grace = max(2.0, 30.0 / self.options.compression)
+        argv = [
+            _python(),
+            "-m",
+            "scheduler",
+            "--kubeconfig",
+            str(self.handle.kubeconfig),
+            "--http-host",
+            "127.0.0.1",
+            "--http-port",
+            "0",
+            "--log-format",
+            "json",
+            "--max-backoff",
+            "2",
+            "--reclaim-grace",
+            str(grace),
+        ]
+        proc, _ = process.spawn(
+            "scheduler",
+            argv,
+            self.options.out / "logs" / "scheduler.log",
+            die_with_parent=not self.options.keep,
+        )
+        self.procs.append(proc)
+        self.say(f"Shoal scheduler started (reclaim grace {grace:.0f} s)")
+
+    def start_agent(self, node: str) -> None:
+        assert self.handle is not None
+        cloud = CloudNode(self.options.cloud, self.servers, node)
+        self.clouds[node] = cloud
+        sock = str(self.options.out / "sockets" / f"{node}.sock")
+        Path(sock).parent.mkdir(parents=True, exist_ok=True)
+        (port,) = cluster.free_ports(["agent"]).values()
+        argv = [
+            _python(),
+            "-m",
+            "nodeagent",
+            "--kubeconfig",
+            str(self.handle.kubeconfig),
+            "--node-name",
+            node,
+            "--provider",
+            self.options.cloud,
+            "--metadata-url",
+            cloud.url,
+            "--socket",
+            sock,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--gpu",
+            "off",
+            "--evict-margin",
+            str(max(2.0, 15.0 / self.options.compression)),
+            "--delete-margin",
+            str(max(1.0, 5.0 / self.options.compression)),
+            "--log-format",
+            "json",
+        ]
+        proc, _ = process.spawn(
+            f"agent-{node}",
+            argv,
+            self.options.out / "logs" / f"agent-{node}.log",
+            die_with_parent=not self.options.keep,
+        )
+        self.agents[node] = (proc, sock)
+
+    def submit(self, plan: JobPlan) -> None:
+        self.jobs[plan.name] = JobState(plan)
+        template_spec: dict[str, Any] = {
+            "schedulerName": names.SCHEDULER_NAME,
+            "restartPolicy": "Never",
+            "tolerations": [{"key": names.KWOK_TAINT, "operator": "Exists"}],
+            "containers": [
+                {
+                    "name": "trainer",
+                    "image": "registry.example.com/trainer:1.0",
+                    "resources": {
+                        "limits": {names.GPU_RESOURCE: "8"},
+                        "requests": {"cpu": "4", "memory": "16Gi"},
+                    },
+                }
+            ],
+        }
+        if plan.priority_class:
+            template_spec["priorityClassName"] = plan.priority_class
+        job = {
+            "metadata": {"name": plan.name},
+            "spec": {
+                "completionMode": "Indexed",
+                "completions": plan.max,
+                "parallelism": plan.max,
+                "backoffLimit": 1000,
+                "podFailurePolicy": {
+                    "rules": [
+                        {
+                            "action": "Ignore",
+                            "onPodConditions": [{"type": "DisruptionTarget"}],
+                        }
+                    ]
+                },
+                "template": {
+                    "metadata": {
+                        "labels": {names.GANG_LABEL: plan.name, "demo.shoal.dev/job": plan.name},
+                        "annotations": {
+                            names.MIN_MEMBER_ANNOTATION: str(plan.min),
+                            names.MAX_MEMBER_ANNOTATION: str(plan.max),
+                        },
+                    },
+                    "spec": template_spec,
+                },
+            },
+        }
+        client.BatchV1Api(self.api).create_namespaced_job(NAMESPACE, job)
+        self.say(
+            f"submitted {plan.name}: gang of {plan.min}..{plan.max} workers x 8 GPUs"
+            + (f", priority {plan.priority_class}" if plan.priority_class else "")
+        )
+
+    # -- the world as it is ------------------------------------------------------------------
+    async def watch(self, stop: asyncio.Event) -> None:
+        core = client.CoreV1Api(self.api)
+        loop = asyncio.get_running_loop()
+        while not stop.is_set():
+            items = (await loop.run_in_executor(None, core.list_namespaced_pod, NAMESPACE)).items
+            self.observe(items)
+            await asyncio.sleep(0.25)
+
+    def observe(self, items: list[Any]) -> None:
+        now = self.now()
+        seen: set[str] = set()
+        bound: dict[str, int] = dict.fromkeys(self.jobs, 0)
+        by_node: dict[str, list[str]] = {}
+        for pod in items:
+            job = (pod.metadata.labels or {}).get("demo.shoal.dev/job")
+            if job not in self.jobs:
+                continue
+            gone = pod.metadata.deletion_timestamp is not None or pod.status.phase in (
+                "Succeeded",
+                "Failed",
+            )
+            if pod.spec.node_name and not gone:
+                bound[job] += 1
+                by_node.setdefault(pod.spec.node_name, []).append(job)
+            uid = pod.metadata.uid
+            if gone:
+                continue
+            seen.add(uid)
+            leave_by = (pod.metadata.annotations or {}).get(names.LEAVE_BY_ANNOTATION)
+            state = self.pods.get(uid)
+            if state is None and pod.status.phase == "Running":
+                state = PodState(uid, pod.metadata.name, job, pod.spec.node_name, now)
+                self.pods[uid] = state
+                state.task = asyncio.get_running_loop().create_task(self.worker(state))
+                departures = self.jobs[job].departures
+                if departures and self.growth_done:
+                    self.jobs[job].replacement_latency.append(now - departures.pop(0))
+                    self.say(
+                        f"{job}: replacement {pod.metadata.name} running on {pod.spec.node_name}"
+                    )
+            if state is not None and leave_by and not state.checkpointed:
+                self.checkpoint(state, "asked to leave by the scheduler (reclaim)")
+        for uid in [u for u in self.pods if u not in seen]:
+            self.departed(self.pods.pop(uid), now)
+        for name, gang in self.jobs.items():
+            gang.bound = bound[name]
+            if 0 < gang.bound < gang.plan.min:
+                gang.partial_since = gang.partial_since or now
+                if now - gang.partial_since > 3.0:
+                    self.fail(
+                        f"{name} has {gang.bound} members bound, below its minimum "
+                        f"{gang.plan.min}, for more than 3 s"
+                    )
+                    gang.partial_since = now
+            else:
+                gang.partial_since = None
+        self.node_pods = by_node
+        self.samples.append((now, {j: s.bound * 8 for j, s in self.jobs.items()}))
+
+    def departed(self, pod: PodState, now: float) -> None:
+        job = self.jobs[pod.job]
+        if pod.task is not None:
+            pod.task.cancel()
+        if job.finished:
+            return
+        job.departures.append(now)
+        if not pod.checkpointed:
+            lost = job.step - job.saved
+            job.lost += lost
+            job.step = job.saved
+            self.fail(
+                f"{pod.name} on {pod.node} was killed before it checkpointed "
+                f"({lost} steps of {pod.job} lost)"
+            )
+
+    def checkpoint(self, pod: PodState, why: str) -> int:
+        job = self.jobs[pod.job]
+        job.saved = job.step
+        pod.checkpointed = True
+        self.say(f"{pod.name} ({why}): checkpoint at step {job.step}")
+        return job.step
+
+    async def worker(self, pod: PodState) -> None:
+        """One training worker: watches its notices and leaves cleanly when told to."""
+        sock = self.agents[pod.node][1] if pod.node in self.agents else ""
+        watcher = NoticeClient(PodIdentity(NAMESPACE, pod.name, pod.uid), sock)
+        with contextlib.suppress(asyncio.CancelledError):
+            while True:
+                try:
+                    async for notice in watcher.watch():
+                        if notice.leave:
+                            step = self.checkpoint(
+                                pod,
+                                f"notice from {notice.source}: leave by {notice.leave_by:%H:%M:%S}",
+                            )
+                            answer = await watcher.acknowledge(step)
+                            self.say(f"{pod.name}: acknowledged step {step} ({answer})")
+                            return
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    await asyncio.sleep(0.5)
+
+    async def train(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await asyncio.sleep(TICK)
+            for job in self.jobs.values():
+                if job.bound >= job.plan.min:
+                    job.step += 1
+                if job.bound < job.plan.max:
+                    job.below_target_s += TICK
+
+    # -- waiting for the world -----------------------------------------------------------------
+    async def until(self, what: str, check: Callable[[], bool], within: float) -> bool:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            if check():
+                return True
+            await asyncio.sleep(0.25)
+        self.fail(f"timed out after {within:.0f} s waiting for {what}")
+        return False
+
+    def at_max(self, names_: list[str]) -> bool:
+        return all(self.jobs[n].bound == self.jobs[n].plan.max for n in names_)
+
+    # -- the story -------------------------------------------------------------------------------
+    async def story(self) -> None:
+        base, urgent = plans(self.options.nodes)
+        names_ = [p.name for p in base]
+        for plan in base:
+            self.submit(plan)
+        if await self.until(
+            "every job to be admitted and grown to its maximum", lambda: self.at_max(names_), 180
+        ):
+            self.say(
+                "all jobs admitted at their minimum and grown to their maximum: "
+                + ", ".join(f"{n} {self.jobs[n].bound}/{self.jobs[n].plan.max}" for n in names_)
+            )
+        self.growth_done = True
+        await asyncio.sleep(3)
+
+        victims = self.pick_victims(2)
+        if len(victims) < 2:
+            self.fail("no two spot nodes run only surplus workers; nothing to revoke safely")
+            return
+        lead = 0.0
+        for node in victims:
+            lead = self.clouds[node].post(self.options.compression)
+            self.node_state[node] = "revoking"
+        self.say(
+            f"spot revocation of {', '.join(victims)}: {self.options.cloud} notice with "
+            f"{lead:.0f} s lead"
+            + (
+                f" (the real {lead * self.options.compression:.0f} s, "
+                f"compressed {self.options.compression:g}x)"
+                if self.options.cloud != "gcp"
+                else ""
+            )
+        )
+        await self.until(
+            "the revoked nodes' workers to leave",
+            lambda: not any(self.node_pods.get(n) for n in victims),
+            lead + 30,
+        )
+        await asyncio.sleep(max(0.0, lead - 1))
+        for node in victims:
+            self.remove_node(node)
+        self.say(f"{', '.join(victims)} revoked by the cloud")
+        if await self.until(
+            "replacements to bring every job back to its maximum", lambda: self.at_max(names_), 120
+        ):
+            self.say("replacements placed on the remaining capacity; every job back at maximum")
+
+        self.submit(urgent)
+        if await self.until(
+            f"{urgent.name} to be admitted at its minimum",
+            lambda: self.jobs[urgent.name].bound >= urgent.min,
+            120,
+        ):
+            self.say(
+                f"{urgent.name} admitted: surplus members of the others reclaimed; "
+                + ", ".join(f"{n} {self.jobs[n].bound}/{self.jobs[n].plan.max}" for n in names_)
+            )
+        await asyncio.sleep(3)
+
+        self.say("capacity returns: two new spot nodes; the urgent job finishes")
+        self.add_nodes(2, prefix="gpu-new")
+        self.jobs[urgent.name].finished = True
+        client.BatchV1Api(self.api).delete_namespaced_job(
+            urgent.name, NAMESPACE, propagation_policy="Background"
+        )
+        if await self.until("every job to regrow to its maximum", lambda: self.at_max(names_), 180):
+            self.say("every job regrown to its maximum")
+        await asyncio.sleep(2)
+
+    def pick_victims(self, count: int) -> list[str]:
+        """Spot nodes running workers whose loss leaves every gang at or above its minimum."""
+        spare = {name: job.bound - job.plan.min for name, job in self.jobs.items()}
+        chosen: list[str] = []
+        for node, jobs in sorted(self.node_pods.items()):
+            if len(chosen) == count:
+                break
+            if not jobs or self.node_state.get(node) != "ready" or not nodes_spot(self.api, node):
+                continue
+            if all(spare[j] >= jobs.count(j) for j in set(jobs)):
+                for j in jobs:
+                    spare[j] -= 1
+                chosen.append(node)
+        return chosen
+
+    def remove_node(self, node: str) -> None:
+        core = client.CoreV1Api(self.api)
+        with contextlib.suppress(client.exceptions.ApiException):
+            core.delete_node(node)
+        self.node_state[node] = "gone"
+        proc, _ = self.agents.pop(node)
+        process.stop(proc, grace=5)
+
+    async def run(self, render: Callable[[Demo], None] | None) -> None:
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(self.watch(stop)), asyncio.create_task(self.train(stop))]
+        if render is not None:
+            tasks.append(asyncio.create_task(self._render(render, stop)))
+        try:
+            await self.story()
+        finally:
+            stop.set()
+            for pod in self.pods.values():
+                if pod.task is not None:
+                    pod.task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _render(self, render: Callable[[Demo], None], stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            render(self)
+            await asyncio.sleep(0.5)
+
+    def shutdown(self) -> None:
+        if self.options.keep:
+            return
+        for proc, _ in self.agents.values():
+            process.stop(proc, grace=3)
+        for proc in self.procs:
+            process.stop(proc, grace=5)
+        self.servers.close()
+        if self.api is not None:
+            self.api.close()
+        if self.handle is not None:
+            cluster.down(self.run_dir, say=lambda _m: None)
+
+
+def nodes_spot(api: Any, node: str) -> bool:
+    labels = client.CoreV1Api(api).read_node(node).metadata.labels or {}
+    return names.is_spot(labels)
+
+
+def _python() -> str:
+    import sys
+
+    return sys.executable
+
+
+def summary_rows(demo: Demo) -> list[dict[str, Any]]:
+    rows = []
+    for name, job in demo.jobs.items():
+        latencies = sorted(job.replacement_latency)
+        rows.append(
+            {
+                "job": name,
+                "min": job.plan.min,
+                "max": job.plan.max,
+                "steps": job.step,
+                "steps_lost": job.lost,
+                "time_below_target_s": round(job.below_target_s, 1),
+                "replacements": len(latencies),
+                "replacement_latency_p50_s": round(latencies[len(latencies) // 2], 2)
+                if latencies
+                else None,
+                "replacement_latency_max_s": round(latencies[-1], 2) if latencies else None,
+            }
+        )
+    return rows
