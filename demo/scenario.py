@@ -65,6 +65,7 @@ class PodState:
     node: str
     running_since: float
     checkpointed: bool = False
+    reclaimed: bool = False
     task: asyncio.Task[None] | None = None
 
 
@@ -322,6 +323,7 @@ class Demo:
                         f"{job}: replacement {pod.metadata.name} running on {pod.spec.node_name}"
                     )
             if state is not None and leave_by and not state.checkpointed:
+                state.reclaimed = True
                 self.checkpoint(state, "asked to leave by the scheduler (reclaim)")
         for uid in [u for u in self.pods if u not in seen]:
             self.departed(self.pods.pop(uid), now)
@@ -346,7 +348,8 @@ class Demo:
             pod.task.cancel()
         if job.finished:
             return
-        job.departures.append(now)
+        if not pod.reclaimed:  # a reclaimed member is not replaced until room returns
+            job.departures.append(now)
         if not pod.checkpointed:
             lost = job.step - job.saved
             job.lost += lost

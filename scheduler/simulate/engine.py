@@ -84,6 +84,8 @@ class _Job:
     down_since: float | None = None
     down_revocations: list[int] = field(default_factory=list)
     rack_measured: bool = False
+    cached: Gang | None = None
+    bound_count: int = 0
 
     @property
     def key(self) -> GangKey:
@@ -91,13 +93,22 @@ class _Job:
 
     @property
     def bound(self) -> int:
-        return sum(1 for p in self.pods.values() if p.node is not None)
+        return self.bound_count
 
     @property
     def running(self) -> bool:
         return self.bound >= self.spec.min_pods
 
     def gang(self) -> Gang:
+        """The gang as the scheduler sees it; rebuilt only after its members changed."""
+        if self.cached is None:
+            self.cached = self._gang()
+        return self.cached
+
+    def changed(self) -> None:
+        self.cached = None
+
+    def _gang(self) -> Gang:
         return Gang(
             key=self.key,
             namespace=NAMESPACE,
@@ -382,7 +393,9 @@ class Simulation:
         for assignment in decision.bindings:
             pod = dataclasses.replace(job.pods[assignment.pod], node=assignment.node)
             job.pods[pod.key] = pod
+            job.bound_count += 1
             self.cache.set_pod(pod)
+        job.changed()
         if job.bound >= 2 and not job.rack_measured:
             job.rack_measured = True
             self._measure_rack(job, snapshot)
@@ -479,6 +492,8 @@ class Simulation:
     def _unbind(self, job: _Job, key: PodKey) -> None:
         pod = dataclasses.replace(job.pods[key], node=None)
         job.pods[key] = pod
+        job.bound_count -= 1
+        job.changed()
         self.cache.set_pod(pod)
 
     def _close(self, now: float) -> None:
