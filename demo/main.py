@@ -88,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         print("demo: --compression must be at least 1", file=sys.stderr)
         return 2
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=110)  # logs and CI: wide enough for the summary table
     live_view = not args.no_live and console.is_terminal
     options = Options(
         nodes=args.nodes,
