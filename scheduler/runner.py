@@ -67,6 +67,9 @@ class Reporter(Protocol):
 
     def asked_to_leave(self, pod: PodRequest, gang: Gang, leave_by: float) -> None: ...
 
+    def nominated(self, pod: PodRequest, node: NodeName) -> None:
+        """Room on ``node`` is held for ``pod`` (``status.nominatedNodeName``)."""
+
     def invalid(self, gang: InvalidGang) -> None: ...
 
     def gang_status(self, gang: Gang) -> None: ...
@@ -276,6 +279,8 @@ class Runner:
             tuple((a.node, members[a.pod].requests) for a in decision.nominated),
             leave_by + self.settings.hold_extra,
         )
+        for a in decision.nominated:
+            self.reporter.nominated(members[a.pod], a.node)
         for key in decision.victims:
             pod = pods.get(key)
             if pod is None:

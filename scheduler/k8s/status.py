@@ -161,6 +161,10 @@ class ApiReporter:
         )
         self._submit(self._pod_event, pod, "Warning", "Reclaimed", message)
 
+    def nominated(self, pod: PodRequest, node: NodeName) -> None:
+        if self._changed(("nominated", pod.key), node):
+            self._submit(self._pod_nomination, pod, node)
+
     def invalid(self, gang: InvalidGang) -> None:
         message = f"Gang {gang.key} is not valid: {gang.message}"
         for pod in gang.members:
@@ -219,6 +223,15 @@ class ApiReporter:
         finally:
             with self._lock:
                 self._backlog -= 1
+
+    def _pod_nomination(self, pod: PodRequest, node: NodeName) -> None:
+        self._core.patch_namespaced_pod_status(
+            pod.name,
+            pod.namespace,
+            {"status": {"nominatedNodeName": node}},
+            _content_type="application/strategic-merge-patch+json",
+            _preload_content=False,
+        )
 
     def _pod_condition(self, pod: PodRequest, reason: str, message: str) -> None:
         body = {

@@ -100,7 +100,7 @@ def test_elastic_gang_shrinks_for_a_higher_priority_gang_never_below_its_minimum
     start_scheduler("--reclaim-grace", "3")
     eventually(lambda: len(pods.bound(members)) == 4, what="the elastic gang at its maximum")
 
-    urgent = pods.gang("urgent", 2, gpus=8, priority_class="shoal-test-high")
+    urgent = pods.gang("urgent", 2, gpus=8, min_member=2, priority_class="shoal-test-high")
     asked: set[str] = set()
     lowest = 4
 
