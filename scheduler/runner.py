@@ -326,8 +326,6 @@ class Runner:
             error = self.binder.evict(pod)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-        finally:
-            self._evicting.discard(pod.key)
         if error is not None:
             log.warning("evict_failed", pod=pod.key, error=error)
             entry = self._victims.get(pod.key)
@@ -335,6 +333,8 @@ class Runner:
                 self._victims[pod.key] = (entry[0], self._clock() + 5.0)
         else:
             log.info("evicted", pod=pod.key)
+        # Only now may the loop evict this pod again (after the new deadline, on failure).
+        self._evicting.discard(pod.key)
         self.wake()
 
     def _write(self, action: str, fn: Callable[..., str | None], *args: object) -> None:
