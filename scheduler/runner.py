@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -59,7 +59,8 @@ class Reporter(Protocol):
     """Where users look: pod conditions, Events, PodGroup status. Implementations must not
     block the caller for long and must tolerate repeated calls with the same content."""
 
-    def unschedulable(self, gang: Gang, message: str) -> None: ...
+    def unschedulable(self, gang: Gang, pods: Sequence[PodRequest], message: str) -> None:
+        """``pods`` of ``gang`` could not be placed, for the reason ``message``."""
 
     def scheduled(self, gang: Gang, pod: PodRequest, node: NodeName) -> None: ...
 
@@ -236,7 +237,15 @@ class Runner:
         if decision.victims:
             self._reclaim(decision, pods, now)
         if decision.unschedulable is not None:
-            self.reporter.unschedulable(gang, decision.unschedulable.message())
+            self.reporter.unschedulable(gang, gang.pending, decision.unschedulable.message())
+        elif decision.surplus_unschedulable is not None:
+            placed = {a.pod for a in decision.bindings}
+            waiting = [p for p in gang.pending if p.key not in placed]
+            message = (
+                f"Surplus member of gang {gang.name} (minimum {gang.min_member} met): "
+                f"{decision.surplus_unschedulable.message()}"
+            )
+            self.reporter.unschedulable(gang, waiting, message)
         if not decision.bindings:
             return
         self._held.pop(gang.key, None)

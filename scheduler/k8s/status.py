@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
@@ -136,8 +137,8 @@ class ApiReporter:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     # -- Reporter --------------------------------------------------------------------------------
-    def unschedulable(self, gang: Gang, message: str) -> None:
-        for pod in gang.pending:
+    def unschedulable(self, gang: Gang, pods: Sequence[PodRequest], message: str) -> None:
+        for pod in pods:
             if self._changed(("pod", pod.key), message):
                 self._submit(self._pod_condition, pod, "Unschedulable", message)
                 self._submit(self._pod_event, pod, "Warning", "FailedScheduling", message)

@@ -3,7 +3,7 @@ assume before bind, forget on failure, reclaim notice then eviction at the deadl
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field, replace
 from typing import Any, ParamSpec, TypeVar
@@ -56,8 +56,10 @@ class Recorder:
         return None
 
     # Reporter
-    def unschedulable(self, gang: Gang, message: str) -> None:
+    def unschedulable(self, gang: Gang, pods: Sequence[PodRequest], message: str) -> None:
         self.messages[gang.name] = message
+        for p in pods:
+            self.messages[p.name] = message
 
     def scheduled(self, gang: Gang, pod: PodRequest, node: NodeName) -> None:
         pass
