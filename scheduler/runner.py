@@ -356,6 +356,8 @@ class Runner:
 
     def _report_invalid(self, invalid: list[InvalidGang]) -> None:
         self.metrics.invalid_gangs.set(len(invalid))
+        if len(self._invalid_seen) > 10_000:
+            self._invalid_seen.clear()  # bounded; at worst one repeated log line per gang
         for bad in invalid:
             if self._invalid_seen.get(bad.key) != bad.message:
                 self._invalid_seen[bad.key] = bad.message

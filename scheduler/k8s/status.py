@@ -8,6 +8,7 @@ that stays unschedulable for an hour produces one Event per member, not one per 
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Sequence
@@ -26,6 +27,8 @@ from scheduler.model import Gang, GangKey, InvalidGang, NodeName, PodPhase, PodR
 log = structlog.get_logger("scheduler.status")
 
 POD_GROUP_API = ("scheduling.x-k8s.io", "v1alpha1", "podgroups")
+#: How many (object, kind of write) pairs the reporter remembers to avoid repeating itself.
+MAX_REMEMBERED = 100_000
 
 
 def _now() -> str:
@@ -101,8 +104,6 @@ def _rfc3339(when: float) -> str:
 
 
 def _api_message(exc: ApiException) -> str:
-    import json
-
     try:
         return str(json.loads(exc.body).get("message", ""))[:300]
     except (TypeError, ValueError):
@@ -196,6 +197,10 @@ class ApiReporter:
         with self._lock:
             if self._sent.get(key) == content:
                 return False
+            if len(self._sent) >= MAX_REMEMBERED:
+                # Pods come and go; forgetting everything at once costs one repeated write per
+                # object still waiting, and keeps memory bounded without tracking deletions.
+                self._sent.clear()
             self._sent[key] = content
             return True
 
