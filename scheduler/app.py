@@ -50,7 +50,12 @@ def configure_logging(fmt: str) -> None:
 def run(settings: CliSettings) -> int:
     configure_logging(settings.log_format)
     workers = max(1, int(settings.bind_workers))
-    api = api_client(settings.kubeconfig, pool_size=workers + 16)
+    try:
+        api = api_client(settings.kubeconfig, pool_size=workers + 16)
+    except Exception as exc:
+        where = settings.kubeconfig or "in-cluster config"
+        print(f"python -m scheduler: cannot load {where}: {exc}", file=sys.stderr)
+        return 2
     limiter = TokenBucket(float(settings.qps), int(settings.burst))
     cache = Cache()
     metrics = Metrics()

@@ -65,6 +65,8 @@ class Decision:
     surplus_held: bool = False
     victims: tuple[PodKey, ...] = ()
     nominated: tuple[Assignment, ...] = ()
+    #: Why (the first) surplus member that did not fit did not fit.
+    surplus_unschedulable: Unschedulable | None = None
 
     @property
     def progressed(self) -> bool:
@@ -130,6 +132,7 @@ def decide(gang: Gang, others: Iterable[Gang], snapshot: Snapshot, config: Confi
 
     room = gang.surplus_room - min_count
     held = False
+    surplus_why: Unschedulable | None = None
     if room > 0 and pending:
         held = _min_fits(others, gang, snapshot, config)
         if not held:
@@ -139,11 +142,14 @@ def decide(gang: Gang, others: Iterable[Gang], snapshot: Snapshot, config: Confi
                 request = _request(gang, [pod], config, surplus=True, bound_nodes=bound)
                 one = place(request, snapshot.nodes)
                 if isinstance(one, Unschedulable):
+                    surplus_why = surplus_why or one
                     continue
                 bindings.extend(one.assignments)
                 bound.extend(a.node for a in one.assignments)
                 snapshot = snapshot.with_assignments(one.assignments)
-    return Decision(gang, tuple(bindings), min_count, surplus_held=held)
+    return Decision(
+        gang, tuple(bindings), min_count, surplus_held=held, surplus_unschedulable=surplus_why
+    )
 
 
 def _reclaim(

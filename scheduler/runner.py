@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -59,13 +59,17 @@ class Reporter(Protocol):
     """Where users look: pod conditions, Events, PodGroup status. Implementations must not
     block the caller for long and must tolerate repeated calls with the same content."""
 
-    def unschedulable(self, gang: Gang, message: str) -> None: ...
+    def unschedulable(self, gang: Gang, pods: Sequence[PodRequest], message: str) -> None:
+        """``pods`` of ``gang`` could not be placed, for the reason ``message``."""
 
     def scheduled(self, gang: Gang, pod: PodRequest, node: NodeName) -> None: ...
 
     def bind_failed(self, pod: PodRequest, node: NodeName, error: str) -> None: ...
 
     def asked_to_leave(self, pod: PodRequest, gang: Gang, leave_by: float) -> None: ...
+
+    def nominated(self, pod: PodRequest, node: NodeName) -> None:
+        """Room on ``node`` is held for ``pod`` (``status.nominatedNodeName``)."""
 
     def invalid(self, gang: InvalidGang) -> None: ...
 
@@ -233,7 +237,15 @@ class Runner:
         if decision.victims:
             self._reclaim(decision, pods, now)
         if decision.unschedulable is not None:
-            self.reporter.unschedulable(gang, decision.unschedulable.message())
+            self.reporter.unschedulable(gang, gang.pending, decision.unschedulable.message())
+        elif decision.surplus_unschedulable is not None:
+            placed = {a.pod for a in decision.bindings}
+            waiting = [p for p in gang.pending if p.key not in placed]
+            message = (
+                f"Surplus member of gang {gang.name} (minimum {gang.min_member} met): "
+                f"{decision.surplus_unschedulable.message()}"
+            )
+            self.reporter.unschedulable(gang, waiting, message)
         if not decision.bindings:
             return
         self._held.pop(gang.key, None)
@@ -276,6 +288,8 @@ class Runner:
             tuple((a.node, members[a.pod].requests) for a in decision.nominated),
             leave_by + self.settings.hold_extra,
         )
+        for a in decision.nominated:
+            self.reporter.nominated(members[a.pod], a.node)
         for key in decision.victims:
             pod = pods.get(key)
             if pod is None:
@@ -321,8 +335,6 @@ class Runner:
             error = self.binder.evict(pod)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-        finally:
-            self._evicting.discard(pod.key)
         if error is not None:
             log.warning("evict_failed", pod=pod.key, error=error)
             entry = self._victims.get(pod.key)
@@ -330,6 +342,8 @@ class Runner:
                 self._victims[pod.key] = (entry[0], self._clock() + 5.0)
         else:
             log.info("evicted", pod=pod.key)
+        # Only now may the loop evict this pod again (after the new deadline, on failure).
+        self._evicting.discard(pod.key)
         self.wake()
 
     def _write(self, action: str, fn: Callable[..., str | None], *args: object) -> None:
@@ -342,6 +356,8 @@ class Runner:
 
     def _report_invalid(self, invalid: list[InvalidGang]) -> None:
         self.metrics.invalid_gangs.set(len(invalid))
+        if len(self._invalid_seen) > 10_000:
+            self._invalid_seen.clear()  # bounded; at worst one repeated log line per gang
         for bad in invalid:
             if self._invalid_seen.get(bad.key) != bad.message:
                 self._invalid_seen[bad.key] = bad.message

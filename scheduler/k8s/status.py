@@ -8,8 +8,10 @@ that stays unschedulable for an hour produces one Event per member, not one per 
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
@@ -25,6 +27,8 @@ from scheduler.model import Gang, GangKey, InvalidGang, NodeName, PodPhase, PodR
 log = structlog.get_logger("scheduler.status")
 
 POD_GROUP_API = ("scheduling.x-k8s.io", "v1alpha1", "podgroups")
+#: How many (object, kind of write) pairs the reporter remembers to avoid repeating itself.
+MAX_REMEMBERED = 100_000
 
 
 def _now() -> str:
@@ -100,8 +104,6 @@ def _rfc3339(when: float) -> str:
 
 
 def _api_message(exc: ApiException) -> str:
-    import json
-
     try:
         return str(json.loads(exc.body).get("message", ""))[:300]
     except (TypeError, ValueError):
@@ -136,8 +138,8 @@ class ApiReporter:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     # -- Reporter --------------------------------------------------------------------------------
-    def unschedulable(self, gang: Gang, message: str) -> None:
-        for pod in gang.pending:
+    def unschedulable(self, gang: Gang, pods: Sequence[PodRequest], message: str) -> None:
+        for pod in pods:
             if self._changed(("pod", pod.key), message):
                 self._submit(self._pod_condition, pod, "Unschedulable", message)
                 self._submit(self._pod_event, pod, "Warning", "FailedScheduling", message)
@@ -160,6 +162,10 @@ class ApiReporter:
             f"to make room for gang {gang.key} (priority {gang.priority}); evicted then"
         )
         self._submit(self._pod_event, pod, "Warning", "Reclaimed", message)
+
+    def nominated(self, pod: PodRequest, node: NodeName) -> None:
+        if self._changed(("nominated", pod.key), node):
+            self._submit(self._pod_nomination, pod, node)
 
     def invalid(self, gang: InvalidGang) -> None:
         message = f"Gang {gang.key} is not valid: {gang.message}"
@@ -191,6 +197,10 @@ class ApiReporter:
         with self._lock:
             if self._sent.get(key) == content:
                 return False
+            if len(self._sent) >= MAX_REMEMBERED:
+                # Pods come and go; forgetting everything at once costs one repeated write per
+                # object still waiting, and keeps memory bounded without tracking deletions.
+                self._sent.clear()
             self._sent[key] = content
             return True
 
@@ -219,6 +229,15 @@ class ApiReporter:
         finally:
             with self._lock:
                 self._backlog -= 1
+
+    def _pod_nomination(self, pod: PodRequest, node: NodeName) -> None:
+        self._core.patch_namespaced_pod_status(
+            pod.name,
+            pod.namespace,
+            {"status": {"nominatedNodeName": node}},
+            _content_type="application/strategic-merge-patch+json",
+            _preload_content=False,
+        )
 
     def _pod_condition(self, pod: PodRequest, reason: str, message: str) -> None:
         body = {

@@ -100,7 +100,7 @@ def test_elastic_gang_shrinks_for_a_higher_priority_gang_never_below_its_minimum
     start_scheduler("--reclaim-grace", "3")
     eventually(lambda: len(pods.bound(members)) == 4, what="the elastic gang at its maximum")
 
-    urgent = pods.gang("urgent", 2, gpus=8, priority_class="shoal-test-high")
+    urgent = pods.gang("urgent", 2, gpus=8, min_member=2, priority_class="shoal-test-high")
     asked: set[str] = set()
     lowest = 4
 
@@ -121,3 +121,45 @@ def test_elastic_gang_shrinks_for_a_higher_priority_gang_never_below_its_minimum
     reclaimed = [e for e in pods.events("elastic-3") if e.reason == "Reclaimed"]
     assert reclaimed
     assert "to make room for gang" in reclaimed[0].message
+
+
+def test_quorum_on_demand_surplus_on_spot_and_revoking_nodes_avoided(
+    pool: Pool, pods: Pods, start_scheduler: Callable[..., SchedulerProcess]
+) -> None:
+    # One rack, so that only the capacity type tells the nodes apart.
+    rack = {names.RACK_LABEL: "one"}
+    on_demand = pool.add(2, gpus=8, prefix="od", extra_labels=rack)
+    spot = pool.add(
+        1,
+        gpus=8,
+        prefix="spot",
+        extra_labels={
+            **rack,
+            names.CAPACITY_TYPE_LABEL: "spot",
+            "karpenter.sh/capacity-type": "spot",
+        },
+    )
+    [revoking] = pool.add(1, gpus=8, prefix="rev", extra_labels=rack)
+    node = pods.devcluster.core().read_node(revoking)
+    taints = [
+        *(node.spec.taints or []),
+        {"key": names.REVOKING_TAINT, "value": "aws", "effect": "NoSchedule"},
+    ]
+    pods.devcluster.core().patch_node(revoking, {"spec": {"taints": taints}})
+    members = pods.gang("elastic", 4, gpus=8, min_member=2, max_member=4)
+    start_scheduler()
+
+    placed = eventually(
+        lambda: pods.bound(members) if len(pods.bound(members)) == 3 else None,
+        what="the quorum and one surplus member",
+    )
+    # The two oldest members are the quorum: on on-demand nodes; the surplus one is on spot.
+    assert {placed["elastic-0"], placed["elastic-1"]} == set(on_demand)
+    assert placed["elastic-2"] == spot[0]
+    assert revoking not in placed.values()
+
+    def explained() -> str | None:
+        condition = pods.condition("elastic-3")
+        return condition.message if condition is not None else None
+
+    assert "1 node(s) revoking" in eventually(explained, what="why the last member waits")

@@ -175,6 +175,11 @@ def test_elastic_gang_gets_its_minimum_then_surplus_when_nothing_else_waits() ->
     assert len(placed) == 3
     assert placed["e2"] == "spot0"  # surplus on spot, the quorum on on-demand
     assert {placed["e0"], placed["e1"]} == {"od0", "od1"}
+    # The fourth member does not fit; the decision says why, for its condition.
+    assert decision.surplus_unschedulable is not None
+    assert decision.surplus_unschedulable.message() == (
+        "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+    )
 
 
 def test_surplus_waits_while_another_gangs_minimum_fits() -> None:

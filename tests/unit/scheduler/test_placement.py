@@ -212,3 +212,18 @@ def test_placement_never_overcommits_and_is_all_or_nothing(
         assert cpu[name] <= free.cpu_milli
     if required:
         assert result.domains.get(required, 0) <= 1
+
+
+def test_topology_preferred_label_is_tried_first() -> None:
+    # "example.com/pod" is not a configured key. A rack-first search puts the two members in
+    # rack-y, which straddles pod-a and pod-b; preferring the pod label keeps them in one pod.
+    nodes = [
+        node("a0", rack="rack-x", labels={"example.com/pod": "pod-a"}),
+        node("a1", rack="rack-y", labels={"example.com/pod": "pod-a"}),
+        node("b0", rack="rack-y", labels={"example.com/pod": "pod-b"}),
+        node("b1", rack="rack-z", labels={"example.com/pod": "pod-b"}),
+    ]
+    gang = [pod(f"w{i}", gpus=8, gang="g") for i in range(2)]
+    result = place(request(gang, preferred="example.com/pod"), snapshot(nodes).nodes)
+    assert isinstance(result, Placement)
+    assert result.domains["example.com/pod"] == 1

@@ -3,7 +3,7 @@ assume before bind, forget on failure, reclaim notice then eviction at the deadl
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field, replace
 from typing import Any, ParamSpec, TypeVar
@@ -38,6 +38,7 @@ class Recorder:
     evicted: list[str] = field(default_factory=list)
     messages: dict[str, str] = field(default_factory=dict)
     invalid_seen: list[str] = field(default_factory=list)
+    nominations: dict[str, str] = field(default_factory=dict)
 
     # Binder
     def bind(self, pod: PodRequest, node: NodeName) -> str | None:
@@ -55,8 +56,10 @@ class Recorder:
         return None
 
     # Reporter
-    def unschedulable(self, gang: Gang, message: str) -> None:
+    def unschedulable(self, gang: Gang, pods: Sequence[PodRequest], message: str) -> None:
         self.messages[gang.name] = message
+        for p in pods:
+            self.messages[p.name] = message
 
     def scheduled(self, gang: Gang, pod: PodRequest, node: NodeName) -> None:
         pass
@@ -66,6 +69,9 @@ class Recorder:
 
     def asked_to_leave(self, pod: PodRequest, gang: Gang, leave_by: float) -> None:
         pass
+
+    def nominated(self, pod: PodRequest, node: NodeName) -> None:
+        self.nominations[pod.name] = node
 
     def invalid(self, gang: InvalidGang) -> None:
         self.invalid_seen.append(gang.message)
@@ -129,6 +135,7 @@ def test_reclaimed_pod_gets_its_notice_then_is_evicted_at_the_deadline() -> None
     assert decision is not None
     assert decision.victims == (PodKey("ns/e1"),)
     assert recorder.asked == [("e1", clock.now + 30.0, "ns/pod:w")]
+    assert recorder.nominations == {"w": "n1"}
     # The API server now shows the notice; before the deadline nothing is evicted.
     notes = {names.LEAVE_BY_ANNOTATION: "x", names.RECLAIMED_FOR_ANNOTATION: "ns/pod:w"}
     e1 = pod("e1", gpus=8, gang="e", min_member="1", max_member="2", node="n1", created=1)
