@@ -42,7 +42,7 @@ from nodeagent.events import (
     WithdrawPod,
     rfc3339,
 )
-from nodeagent.gpu.monitor import GpuMonitor
+from nodeagent.gpu.monitor import GpuMonitor, Owners
 from nodeagent.gpu.xid import XidPolicy
 from nodeagent.metrics import Metrics
 from nodeagent.notify.server import NoticeService, message
@@ -144,9 +144,10 @@ class Agent:
         self.gpu: GpuMonitor | None = None
         self._published_topology: str | None = None
 
-    def watch_gpus(self, policy: XidPolicy | None = None) -> None:
-        """Monitor the GPUs through NVML and publish their topology on the node."""
-        self.gpu = GpuMonitor(self.publish_topology, policy)
+    def watch_gpus(self, policy: XidPolicy | None = None, owners: Owners | None = None) -> None:
+        """Monitor the GPUs through NVML and publish their topology (and, with ``owners``, which
+        pod holds which GPU) on the node."""
+        self.gpu = GpuMonitor(self.publish_topology, policy, owners=owners)
 
     async def publish_topology(self, topology: GpuTopology) -> None:
         text = gputopology.encode(topology)

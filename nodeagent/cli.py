@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 
 from contracts.names import REVOKING_TAINT
-from nodeagent import health
+from nodeagent import health, podresources
 from nodeagent.agent import Agent, AgentSettings
 from nodeagent.gpu.xid import XidPolicy
 from nodeagent.notify.server import DEFAULT_SOCKET, serve
@@ -161,6 +161,12 @@ def parser() -> argparse.ArgumentParser:
         _xids,
     )
     add(
+        "--pod-resources-socket",
+        "SHOAL_POD_RESOURCES_SOCKET",
+        "the kubelet's PodResources socket (which GPU serves which pod); empty to skip",
+        podresources.DEFAULT_SOCKET,
+    )
+    add(
         "--kube-taints",
         "SHOAL_KUBE_TAINTS",
         "comma-separated node taint keys that announce the node's removal (autoscalers, "
@@ -245,11 +251,17 @@ async def run(args: argparse.Namespace) -> int:
     agent = Agent(cluster, providers, node_name=args.node_name, settings=settings)
     if args.gpu == "auto":
         defaults = XidPolicy()
+        socket_path = args.pod_resources_socket
+
+        async def owners() -> dict[str, str]:
+            return await podresources.gpu_owners(socket_path)
+
         agent.watch_gpus(
             XidPolicy(
                 ignore=defaults.ignore if args.xid_ignore is None else args.xid_ignore,
                 fatal=defaults.fatal if args.xid_fatal is None else args.xid_fatal,
-            )
+            ),
+            owners if socket_path else None,
         )
     grpc_server = await serve(agent.service, args.socket)
     host, port = args.listen

@@ -21,13 +21,25 @@ from nodeagent.gpu.xid import GpuHealth, XidPolicy
 log = structlog.get_logger("nodeagent.gpu")
 
 Publish = Callable[[GpuTopology], Awaitable[None]]
+#: GPU UUID -> ``namespace/pod`` (the kubelet's PodResources API).
+Owners = Callable[[], Awaitable[dict[str, str]]]
 
 
 class GpuMonitor:
     def __init__(
-        self, publish: Publish, policy: XidPolicy | None = None, *, absent_retry: float = 60.0
+        self,
+        publish: Publish,
+        policy: XidPolicy | None = None,
+        *,
+        owners: Owners | None = None,
+        owners_every: float = 5.0,
+        absent_retry: float = 60.0,
     ) -> None:
         self.publish = publish
+        self.owners = owners
+        self.owners_every = owners_every
+        self.allocation = "not read" if owners is not None else "disabled"
+        self._owners_at = 0.0
         self.health = GpuHealth(policy or XidPolicy())
         self.state = "starting"
         self.topology: GpuTopology | None = None
@@ -62,12 +74,16 @@ class GpuMonitor:
             islands=sorted(len(m) for m in self.topology.islands().values()),
             product=self.topology.product,
         )
+        await self._allocate()
         await self.publish(self.topology)
         watch = await asyncio.to_thread(nvml.XidWatch)
         try:
             while True:
                 event = await asyncio.to_thread(watch.wait, 1000)
                 self.heartbeat = time.monotonic()
+                due = self.heartbeat - self._owners_at >= self.owners_every
+                if due and await self._allocate() and self.topology is not None:
+                    await self.publish(self.topology)
                 if event is None:
                     continue
                 changed = self.health.record(event.index, event.xid)
@@ -83,9 +99,35 @@ class GpuMonitor:
         finally:
             await asyncio.to_thread(watch.close)
 
+    async def _allocate(self) -> bool:
+        """Read which pod holds which GPU; True when the topology's allocation changed."""
+        if self.owners is None or self.topology is None:
+            return False
+        self._owners_at = time.monotonic()
+        try:
+            owners = await self.owners()
+        except Exception as exc:
+            if not self.allocation.startswith("unknown"):
+                log.warning("gpu_allocation_unknown", error=str(exc))
+            self.allocation = f"unknown: {exc}"
+            return False
+        self.allocation = "ok"
+        index = {g.uuid: g.index for g in self.topology.gpus}
+        allocated = {index[uuid]: pod for uuid, pod in owners.items() if uuid in index}
+        if allocated == dict(self.topology.allocated):
+            return False
+        self.topology = replace(self.topology, allocated=allocated)
+        return True
+
     def report(self) -> dict[str, object]:
         return {
             "state": self.state,
+            "allocation": self.allocation,
+            "allocated": (
+                {str(i): p for i, p in sorted(self.topology.allocated.items())}
+                if self.topology
+                else {}
+            ),
             "gpus": len(self.topology.gpus) if self.topology else 0,
             "islands": (
                 sorted(len(m) for m in self.topology.islands().values()) if self.topology else []

@@ -22,6 +22,7 @@ from nodeagent.client import NoticeRefused, PodIdentity
 from nodeagent.events import parse_rfc3339
 from nodeagent.testing import metadata
 from nodeagent.testing import nvml as fake_nvml
+from nodeagent.testing.podresources import FakePodResources
 from tests.integration.conftest import Devcluster
 from tests.integration.nodeagent.harness import (
     CLOUDS,
@@ -290,6 +291,9 @@ def test_shell_cli_waits_for_the_notice_and_acknowledges(aws_scene: Scene) -> No
     eventually(lambda: disruption_target(scene.pod("trainer-0")), what="the eviction")
 
 
+FAKE_UUID = "GPU-fa4e0000-0000-4000-8000-00000000000"
+
+
 @pytest.fixture
 def gpu_scene(
     devcluster: Devcluster,
@@ -306,7 +310,17 @@ def gpu_scene(
         "FAKE_NVML_LAYOUT": "islands2x4",
         "FAKE_NVML_XID_FILE": str(tmp_path / "xid"),
     }
-    yield from make_scene(devcluster, namespace, servers, tmp_path, "none", env=env)
+    kubelet = FakePodResources(str(tmp_path / "kubelet.sock"))
+    # The device plugin's ids are GPU UUIDs: trainer-0 holds GPUs 2 and 3.
+    kubelet.pods[f"{namespace}/trainer-0"] = [f"{FAKE_UUID}{i}" for i in (2, 3)]
+    servers.run(kubelet.start())
+    try:
+        extra = ["--pod-resources-socket", kubelet.socket_path]
+        yield from make_scene(
+            devcluster, namespace, servers, tmp_path, "none", extra=extra, env=env
+        )
+    finally:
+        servers.run(kubelet.close())
 
 
 def test_gpu_topology_and_an_xid_fault_reach_the_node_annotation(gpu_scene: Scene) -> None:
@@ -318,9 +332,16 @@ def test_gpu_topology_and_an_xid_fault_reach_the_node_annotation(gpu_scene: Scen
         # The node was created with a synthetic document; the agent's comes from NVML.
         return topology if topology.gpus[0].uuid.startswith("GPU-fa4e") else None
 
-    topology = eventually(published, what="the NVML topology on the node")
+    def allocated() -> gputopology.GpuTopology | None:
+        current = published()
+        return current if current is not None and current.allocated else None
+
+    topology = eventually(allocated, what="the NVML topology and its allocation on the node")
     assert sorted(sorted(m) for m in topology.islands().values()) == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert {g.health for g in topology.gpus} == {"healthy"}
+    pod = f"{scene.namespace}/trainer-0"
+    assert dict(topology.allocated) == {2: pod, 3: pod}
+    assert topology.largest_free_island() == 4
 
     (scene.agent.workdir / "xid").write_text("3 79\n")
 
@@ -373,3 +394,29 @@ def test_an_autoscaler_taint_is_a_notice_and_its_removal_a_withdrawal(
     finally:
         worker.close()
     assert disruption_target(scene.pod("trainer-0")) is None
+
+
+def test_readyz_reports_a_failing_metadata_server_and_the_agent_survives_it(
+    aws_scene: Scene,
+) -> None:
+    scene = aws_scene
+    servers = scene.cloud.servers
+    server = scene.cloud.server
+    servers.call(lambda: server.faults.next(*["503"] * 5000))
+
+    def unready() -> dict[str, Any] | None:
+        status, body = scene.agent.get("/readyz")
+        return body if status == 503 else None
+
+    body = eventually(unready, what="/readyz to report the metadata failures")
+    assert "HTTP 503" in body["metadata"]["aws/spot"]
+    assert scene.agent.get("/healthz")[0] == 200
+    assert 'shoal_agent_metadata_errors_total{channel="aws/spot",kind="status"}' in (
+        scene.agent.metrics()
+    )
+
+    servers.call(server.faults.queue.clear)
+    eventually(scene.agent.ready, what="/readyz to recover")
+    # A notice after the outage is still seen.
+    scene.cloud.post()
+    eventually(lambda: taint(scene.node_object()), what="the taint after the outage")
