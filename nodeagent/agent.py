@@ -19,7 +19,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import structlog
@@ -144,10 +144,22 @@ class Agent:
         self.gpu: GpuMonitor | None = None
         self._published_topology: str | None = None
 
-    def watch_gpus(self, policy: XidPolicy | None = None, owners: Owners | None = None) -> None:
+    def watch_gpus(
+        self,
+        policy: XidPolicy | None = None,
+        owners: Owners | None = None,
+        fault_lead: timedelta = timedelta(seconds=30),
+    ) -> None:
         """Monitor the GPUs through NVML and publish their topology (and, with ``owners``, which
-        pod holds which GPU) on the node."""
-        self.gpu = GpuMonitor(self.publish_topology, policy, owners=owners)
+        pod holds which GPU) on the node; a failed GPU is a notice for the pods holding it."""
+        self.gpu = GpuMonitor(
+            self.publish_topology,
+            policy,
+            owners=owners,
+            on_faults=lambda notices: self.observed("gpu", notices),
+            fault_lead=fault_lead,
+            clock=self.clock,
+        )
 
     async def publish_topology(self, topology: GpuTopology) -> None:
         text = gputopology.encode(topology)
@@ -294,7 +306,7 @@ class Agent:
                 await self.refresh_pods()
             except Exception as exc:
                 log.warning("pods_unreadable", error=str(exc))
-            live = self.store.governing() is not None
+            live = any(t.notice.disruptive for t in self.store.active())
             s = self.settings
             await asyncio.sleep(s.pods_every_under_notice if live else s.pods_every)
 
@@ -420,6 +432,7 @@ class Agent:
                     "deadline": rfc3339(t.notice.deadline),
                     "disruptive": t.notice.disruptive,
                     "reason": t.notice.reason,
+                    "scope": sorted(t.notice.scope) if t.notice.scope is not None else "node",
                     "first_seen": rfc3339(t.first_seen),
                     "upstream_acked": t.upstream_acked,
                 }

@@ -161,6 +161,13 @@ def parser() -> argparse.ArgumentParser:
         _xids,
     )
     add(
+        "--gpu-fault-lead",
+        "SHOAL_GPU_FAULT_LEAD",
+        "seconds the pods holding a failed GPU get to leave",
+        30.0,
+        _positive,
+    )
+    add(
         "--pod-resources-socket",
         "SHOAL_POD_RESOURCES_SOCKET",
         "the kubelet's PodResources socket (which GPU serves which pod); empty to skip",
@@ -262,6 +269,7 @@ async def run(args: argparse.Namespace) -> int:
                 fatal=defaults.fatal if args.xid_fatal is None else args.xid_fatal,
             ),
             owners if socket_path else None,
+            timedelta(seconds=args.gpu_fault_lead),
         )
     grpc_server = await serve(agent.service, args.socket)
     host, port = args.listen

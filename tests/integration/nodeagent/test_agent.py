@@ -323,7 +323,9 @@ def gpu_scene(
         servers.run(kubelet.close())
 
 
-def test_gpu_topology_and_an_xid_fault_reach_the_node_annotation(gpu_scene: Scene) -> None:
+def test_gpu_topology_allocation_and_an_xid_fault_reach_the_node_and_the_pod(
+    gpu_scene: Scene,
+) -> None:
     scene = gpu_scene
 
     def published() -> gputopology.GpuTopology | None:
@@ -343,14 +345,32 @@ def test_gpu_topology_and_an_xid_fault_reach_the_node_annotation(gpu_scene: Scen
     assert dict(topology.allocated) == {2: pod, 3: pod}
     assert topology.largest_free_island() == 4
 
-    (scene.agent.workdir / "xid").write_text("3 79\n")
+    worker = scene.worker("trainer-0")
+    bystander = scene.worker("metrics-sidecar")
+    try:
+        assert worker.next().state == "none"
+        assert bystander.next().state == "none"
+        (scene.agent.workdir / "xid").write_text("3 79\n")
 
-    def gpu3_failed() -> gputopology.GpuTopology | None:
-        current = published()
-        return current if current is not None and current.gpus[3].health == "failed" else None
+        def gpu3_failed() -> gputopology.GpuTopology | None:
+            current = published()
+            return current if current is not None and current.gpus[3].health == "failed" else None
 
-    faulted = eventually(gpu3_failed, what="XID 79 to mark GPU 3 failed")
-    assert [g.health for g in faulted.gpus].count("healthy") == 7
+        faulted = eventually(gpu3_failed, what="XID 79 to mark GPU 3 failed")
+        assert [g.health for g in faulted.gpus].count("healthy") == 7
+
+        # GPU 3 belongs to trainer-0: it alone is told to leave; the node stays schedulable.
+        heard = worker.until("leave")
+        assert (heard.kind, heard.source) == ("gpu-fault", "gpu")
+        assert "XID 79" in heard.reason
+        assert worker.acknowledge(500) == "accepted"
+        eventually(lambda: disruption_target(scene.pod("trainer-0")), what="the eviction")
+        assert bystander.notices.empty()
+    finally:
+        worker.close()
+        bystander.close()
+    assert taint(scene.node_object()) is None
+    assert disruption_target(scene.pod("metrics-sidecar")) is None
     gpu = scene.agent.status()["gpu"]
     assert (gpu["state"], gpu["last_xid"]) == ("ok", {"3": 79})
 
