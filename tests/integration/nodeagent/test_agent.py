@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from contracts import gputopology, names
 from devcluster import nodes
@@ -440,3 +441,57 @@ def test_readyz_reports_a_failing_metadata_server_and_the_agent_survives_it(
     # A notice after the outage is still seen.
     scene.cloud.post()
     eventually(lambda: taint(scene.node_object()), what="the taint after the outage")
+
+
+@pytest.fixture
+def gcp_scene(
+    devcluster: Devcluster,
+    namespace: str,
+    servers: metadata.Threaded,
+    tmp_path: Path,
+) -> Iterator[Scene]:
+    margins = ["--evict-margin", "20", "--delete-margin", "8", "--gpu", "off"]
+    yield from make_scene(devcluster, namespace, servers, tmp_path, "gcp", extra=margins)
+
+
+def test_a_pdb_that_refuses_eviction_ends_in_a_delete_before_the_deadline(
+    gcp_scene: Scene, devcluster: Devcluster
+) -> None:
+    scene = gcp_scene
+    policy = client.PolicyV1Api(devcluster.api)
+    policy.create_namespaced_pod_disruption_budget(
+        scene.namespace,
+        {
+            "metadata": {"name": "keep-trainers"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {names.GANG_LABEL: "trainer"}}},
+        },
+    )
+
+    def budget_computed() -> bool:
+        pdb = policy.read_namespaced_pod_disruption_budget("keep-trainers", scene.namespace)
+        return pdb.status is not None and pdb.status.expected_pods == 1
+
+    eventually(budget_computed, what="the disruption controller to compute the budget")
+    worker = scene.worker("trainer-0")
+    try:
+        worker.next()
+        scene.cloud.post()
+        heard = worker.until("leave")
+        assert worker.acknowledge(1) == "accepted"
+        assert heard.leave_by is not None
+
+        def deleted() -> Any:
+            pod = scene.pod("trainer-0")
+            return pod if pod.metadata.deletion_timestamp is not None else None
+
+        pod = eventually(deleted, timeout=60, what="the last-resort delete")
+    finally:
+        worker.close()
+    # The budget held the eviction back (no DisruptionTarget from the Eviction API); the delete
+    # came in the last seconds before the deadline, with the short grace period.
+    assert disruption_target(pod) is None
+    lines = [line for line in scene.agent.log_lines() if line.get("pod", "").endswith("trainer-0")]
+    assert any(line["event"] == "eviction_refused" for line in lines)
+    (deleted_line,) = [line for line in lines if line["event"] == "pod_deleted"]
+    assert deleted_line["grace_seconds"] == 3
+    assert parse_rfc3339(deleted_line["timestamp"]) <= heard.leave_by
