@@ -48,6 +48,7 @@ from nodeagent.metrics import Metrics
 from nodeagent.notify.server import NoticeService, message
 from nodeagent.providers import Provider, ProviderError
 from nodeagent.store import AckOutcome, Settings, Store
+from nodeagent.webhook import Webhook
 
 log = structlog.get_logger("nodeagent")
 
@@ -91,6 +92,16 @@ class ChannelHealth:
     last_ok_wall: datetime | None = None
     last_error: str | None = None
     last_error_kind: str | None = None
+
+
+def _describe(notice: Notice) -> dict[str, Any]:
+    return {
+        "event_id": notice.event_id,
+        "source": notice.source,
+        "notice_kind": notice.kind.value,
+        "deadline": rfc3339(notice.deadline),
+        "reason": notice.reason,
+    }
 
 
 class _ProviderSink:
@@ -142,6 +153,7 @@ class Agent:
         self._notified_at: dict[PodUid, float] = {}
         self._drained: set[EventId] = set()
         self.gpu: GpuMonitor | None = None
+        self.webhook: Webhook | None = None
         self._published_topology: str | None = None
 
     def watch_gpus(
@@ -183,6 +195,8 @@ class Agent:
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
         for provider in self.providers:
             await provider.aclose()
+        if self.webhook is not None:
+            await self.webhook.aclose()
 
     def _guard(self, name: str, run: Callable[[], Awaitable[None]]) -> None:
         async def guarded() -> None:
@@ -233,6 +247,8 @@ class Agent:
             self._detected[event_id] = time.monotonic()
             self.metrics.notices.labels(notice.source, notice.kind.value).inc()
             self.metrics.lead.observe(max(0.0, (notice.deadline - self.clock()).total_seconds()))
+            if self.webhook is not None and notice.disruptive:
+                self.webhook.send({"kind": "notice", "node": self.node_name, **_describe(notice)})
             log.warning(
                 "notice_detected",
                 event_id=event_id,
@@ -413,6 +429,10 @@ class Agent:
             if detected is not None:
                 self.metrics.drain.observe(time.monotonic() - detected)
             log.warning("node_drained", event_id=governing.event_id)
+            if self.webhook is not None:
+                self.webhook.send(
+                    {"kind": "drained", "node": self.node_name, **_describe(governing)}
+                )
 
     # --- reports -------------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from nodeagent.notify.server import DEFAULT_SOCKET, serve
 from nodeagent.providers import Provider, select
 from nodeagent.providers.kube import DEFAULT_TAINTS, KubeTaintProvider
 from nodeagent.store import Settings
+from nodeagent.webhook import Webhook
 
 log = structlog.get_logger("nodeagent")
 
@@ -188,6 +189,11 @@ def parser() -> argparse.ArgumentParser:
         120.0,
         _positive,
     )
+    add(
+        "--webhook-url",
+        "SHOAL_WEBHOOK_URL",
+        "POST a JSON message here when a notice arrives and when the node has drained",
+    )
     add("--azure-vm-name", "SHOAL_AZURE_VM_NAME", "this VM's name in Azure scheduled events")
     p.add_argument(
         "--log-format",
@@ -256,6 +262,8 @@ async def run(args: argparse.Namespace) -> int:
             )
         )
     agent = Agent(cluster, providers, node_name=args.node_name, settings=settings)
+    if args.webhook_url:
+        agent.webhook = Webhook(args.webhook_url)
     if args.gpu == "auto":
         defaults = XidPolicy()
         socket_path = args.pod_resources_socket

@@ -9,12 +9,13 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from kubernetes import client
 
 from contracts import gputopology, names
@@ -75,7 +76,7 @@ def make_scene(
     *,
     extra: list[str] | None = None,
     env: dict[str, str] | None = None,
-) -> Iterator[Scene]:
+) -> Generator[Scene, None, None]:
     core = devcluster.core()
     spec = nodes.NodeSpec(count=1, gpus=8, prefix=f"agent-{provider}-{uuid.uuid4().hex[:6]}")
     (node,) = nodes.create(devcluster.kubeconfig, spec)
@@ -495,3 +496,64 @@ def test_a_pdb_that_refuses_eviction_ends_in_a_delete_before_the_deadline(
     (deleted_line,) = [line for line in lines if line["event"] == "pod_deleted"]
     assert deleted_line["grace_seconds"] == 3
     assert parse_rfc3339(deleted_line["timestamp"]) <= heard.leave_by
+
+
+class Receiver:
+    """A webhook endpoint that keeps what it was sent."""
+
+    def __init__(self) -> None:
+        self.received: list[dict[str, Any]] = []
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> None:
+        async def hook(request: web.Request) -> web.Response:
+            self.received.append(await request.json())
+            return web.Response(status=204)
+
+        app = web.Application()
+        app.router.add_post("/hook", hook)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}/hook"
+
+    async def close(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+def test_the_webhook_fires_when_the_notice_arrives_and_when_the_node_has_drained(
+    devcluster: Devcluster, namespace: str, servers: metadata.Threaded, tmp_path: Path
+) -> None:
+    receiver = Receiver()
+    servers.run(receiver.start())
+    extra = ["--webhook-url", receiver.url, "--gpu", "off"]
+    scenes = make_scene(devcluster, namespace, servers, tmp_path, "alibaba", extra=extra)
+    scene = next(scenes)
+    try:
+        worker = scene.worker("trainer-0")
+        try:
+            worker.next()
+            scene.cloud.post()
+            worker.until("leave")
+            first = eventually(lambda: servers.call(lambda: list(receiver.received)), what="hook")
+            # Sent on arrival: before any pod was evicted.
+            assert first[0]["kind"] == "notice"
+            assert disruption_target(scene.pod("trainer-0")) is None
+            worker.acknowledge(4)
+        finally:
+            worker.close()
+
+        def drained() -> list[dict[str, Any]] | None:
+            got = servers.call(lambda: list(receiver.received))
+            return got if any(m["kind"] == "drained" for m in got) else None
+
+        messages = eventually(drained, what="the drained hook")
+        assert [m["kind"] for m in messages] == ["notice", "drained"]
+        assert messages[0]["event_id"] == messages[1]["event_id"]
+        assert messages[1]["node"] == scene.node
+    finally:
+        scenes.close()
+        servers.run(receiver.close())
