@@ -46,9 +46,11 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[rank]
 
 
-def rss_mib(pid: int) -> float:
+def rss_mib(pid: int, field: str = "VmRSS") -> float:
+    """Resident memory; ``RssAnon`` is the part that is the process's own (heap, not the shared
+    libraries' pages that every Python process on the node maps too)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -94,6 +96,7 @@ def run_provider(
         time.sleep(idle)
         cpu = (cpu_seconds(agent.proc.pid) - before) / idle
         rss = max(rss, rss_mib(agent.proc.pid))
+        anon = rss_mib(agent.proc.pid, "RssAnon")
         eventually(lambda: agent.get("/healthz")[0] == 200, what="healthz")
     finally:
         worker.close()
@@ -107,6 +110,7 @@ def run_provider(
         "p99_ms": percentile(latencies, 0.99) * 1000,
         "max_ms": max(latencies) * 1000,
         "rss_mib": rss,
+        "anon_mib": anon,
         "idle_cpu_pct": cpu * 100,
     }
 
@@ -140,12 +144,13 @@ def main() -> int:
             cluster.down(work / "cluster")
     print(f"\nnode agent, {args.rounds} notices per provider, default 1 s poll (GCP: long-poll)")
     print(
-        f"{'provider':<10}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'RSS MiB':>10}{'idle CPU %':>12}"
+        f"{'provider':<10}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'RSS MiB':>10}"
+        f"{'anon MiB':>10}{'idle CPU %':>12}"
     )
     for provider, r in results.items():
         print(
             f"{provider:<10}{r['p50_ms']:>9.0f}{r['p99_ms']:>9.0f}{r['max_ms']:>9.0f}"
-            f"{r['rss_mib']:>10.1f}{r['idle_cpu_pct']:>12.2f}"
+            f"{r['rss_mib']:>10.1f}{r['anon_mib']:>10.1f}{r['idle_cpu_pct']:>12.2f}"
         )
     return 0
 

@@ -1,12 +1,13 @@
 """The agent: providers feed the store, the store says what is due, adapters carry it out.
 
-Three guarded background tasks (a crash is logged and the task restarted, never lost):
+Guarded background tasks (a crash is logged and the task restarted, never lost):
 
 - each provider's watch (the cloud's, and the Kubernetes-side signals), reporting to
   :meth:`Agent.observed` / :meth:`Agent.failed`;
 - the pod list of this node, refreshed every few seconds (every second while a notice is live);
 - the reconcile loop: restores what the node annotation recorded (a restart mid-notice repeats
-  nothing), then, whenever woken or when the store's next moment comes, carries out what is due.
+  nothing), then, whenever woken or when the store's next moment comes, carries out what is due;
+- the GPU monitor, when enabled (topology, allocation, XID health, GPU-fault notices).
 
 Workers hear their notice over gRPC *before* the slower API writes of the same round, so the
 time from detection to the workers does not include API latency.
@@ -286,7 +287,9 @@ class Agent:
 
     async def identify(self, key: PodKey, uid: PodUid) -> bool:
         pod = self.store.pod(uid)
-        if pod is None:
+        # A pod that started a moment ago may not be in the list yet; callers naming unknown
+        # pods cannot make the agent list pods more than once a second.
+        if pod is None and time.monotonic() - self._pods_at > 1.0:
             await self.refresh_pods()
             pod = self.store.pod(uid)
         return pod is not None and pod.key == key
