@@ -144,6 +144,7 @@ class Agent:
         self.service = NoticeService(self)
         self.channels: dict[str, ChannelHealth] = {}
         self.restored = False
+        self.reconciles = 0
         self.heartbeat = time.monotonic()
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.crashes: dict[str, int] = {}
@@ -350,6 +351,7 @@ class Agent:
         while True:
             self.heartbeat = time.monotonic()
             failed = await self.reconcile()
+            self.reconciles += 1
             now = self.clock()
             wait = self.settings.retry_after if failed else 5.0
             moment = self.store.next_change(now)
@@ -446,6 +448,7 @@ class Agent:
             "providers": [p.name for p in self.providers],
             "dry_run": self.cluster.dry_run,
             "restored": self.restored,
+            "reconciles": self.reconciles,
             "notices": [
                 {
                     "event_id": t.notice.event_id,

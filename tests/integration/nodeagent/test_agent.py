@@ -557,3 +557,46 @@ def test_the_webhook_fires_when_the_notice_arrives_and_when_the_node_has_drained
     finally:
         scenes.close()
         servers.run(receiver.close())
+
+
+@pytest.fixture
+def azure_scene(
+    devcluster: Devcluster, namespace: str, servers: metadata.Threaded, tmp_path: Path
+) -> Iterator[Scene]:
+    yield from make_scene(devcluster, namespace, servers, tmp_path, "azure", extra=["--gpu", "off"])
+
+
+def test_restart_after_the_azure_ack_does_not_acknowledge_twice(azure_scene: Scene) -> None:
+    scene = azure_scene
+    server = scene.cloud.server
+    servers = scene.cloud.servers
+
+    def start_requests() -> int:
+        seen: list[tuple[str, str]] = servers.call(lambda: list(server.requests))
+        return seen.count(("POST", "/metadata/scheduledevents"))
+
+    worker = scene.worker("trainer-0")
+    try:
+        worker.next()
+        scene.cloud.post()
+        worker.until("leave")
+        worker.acknowledge(11)
+    finally:
+        worker.close()
+    eventually(scene.cloud.acknowledged, what="StartRequests")
+    recorded = eventually(
+        lambda: (
+            (revocation(scene.node_object()) or {}).get("notices", [{}])[0].get("upstream_acked")
+        ),
+        what="the ack recorded on the node",
+    )
+    assert recorded is True
+    assert start_requests() == 1
+
+    scene.agent.kill()
+    scene.agent.start()
+    eventually(lambda: scene.agent.status()["reconciles"] >= 3, what="the restarted agent at work")
+    (notice,) = scene.agent.status()["notices"]
+    assert notice["upstream_acked"] is True
+    assert start_requests() == 1
+    assert taint(scene.node_object()) is not None
