@@ -18,10 +18,11 @@ import structlog
 from contracts.names import REVOKING_TAINT
 from nodeagent import health, podresources
 from nodeagent.agent import Agent, AgentSettings
+from nodeagent.events import PodKey, PodUid
 from nodeagent.gpu.xid import XidPolicy
 from nodeagent.notify.server import DEFAULT_SOCKET, serve
 from nodeagent.providers import Provider, select
-from nodeagent.providers.kube import DEFAULT_TAINTS, KubeTaintProvider
+from nodeagent.providers.kube import DEFAULT_TAINTS, KubePodProvider, KubeTaintProvider
 from nodeagent.store import Settings
 from nodeagent.webhook import Webhook
 
@@ -59,6 +60,19 @@ def _taint_keys(text: str) -> frozenset[str]:
     if REVOKING_TAINT in keys:
         raise argparse.ArgumentTypeError(f"{REVOKING_TAINT} is the agent's own taint")
     return keys
+
+
+def _conditions(text: str) -> frozenset[Any]:
+    from nodeagent.k8s import ConditionRule
+
+    try:
+        return frozenset(ConditionRule.parse(p) for p in text.split(",") if p.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _reasons(text: str) -> frozenset[str]:
+    return frozenset(part.strip() for part in text.split(",") if part.strip())
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -194,6 +208,29 @@ def parser() -> argparse.ArgumentParser:
         "SHOAL_WEBHOOK_URL",
         "POST a JSON message here when a notice arrives and when the node has drained",
     )
+    add(
+        "--kube-pod-conditions",
+        "SHOAL_KUBE_POD_CONDITIONS",
+        "comma-separated pod conditions (Type=Status or Type=Status:Reason) that warn a pod of "
+        "its removal; the pod gets a notice of its own",
+        "",
+        _conditions,
+    )
+    add(
+        "--kube-event-reasons",
+        "SHOAL_KUBE_EVENT_REASONS",
+        "comma-separated Event reasons on a pod that warn it of its removal (e.g. a platform's "
+        "pre-release event)",
+        "",
+        _reasons,
+    )
+    add(
+        "--kube-pod-lead",
+        "SHOAL_KUBE_POD_LEAD",
+        "seconds a warned pod gets to leave",
+        300.0,
+        _positive,
+    )
     add("--azure-vm-name", "SHOAL_AZURE_VM_NAME", "this VM's name in Azure scheduled events")
     p.add_argument(
         "--log-format",
@@ -260,6 +297,16 @@ async def run(args: argparse.Namespace) -> int:
                 keys=args.kube_taints,
                 lead=timedelta(seconds=args.kube_taint_lead),
             )
+        )
+    if args.kube_pod_conditions or args.kube_event_reasons:
+        conditions, reasons = args.kube_pod_conditions, args.kube_event_reasons
+
+        def signals() -> list[tuple[PodKey, PodUid, str]]:
+            found = cluster.pod_signals(conditions, reasons)
+            return [(s.key, s.uid, s.what) for s in found]
+
+        providers.append(
+            KubePodProvider(read_signals=signals, lead=timedelta(seconds=args.kube_pod_lead))
         )
     agent = Agent(cluster, providers, node_name=args.node_name, settings=settings)
     if args.webhook_url:

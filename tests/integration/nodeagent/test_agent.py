@@ -600,3 +600,48 @@ def test_restart_after_the_azure_ack_does_not_acknowledge_twice(azure_scene: Sce
     assert notice["upstream_acked"] is True
     assert start_requests() == 1
     assert taint(scene.node_object()) is not None
+
+
+@pytest.fixture
+def warned_scene(
+    devcluster: Devcluster, namespace: str, servers: metadata.Threaded, tmp_path: Path
+) -> Iterator[Scene]:
+    extra = ["--gpu", "off", "--kube-event-reasons", "PreRelease"]
+    yield from make_scene(devcluster, namespace, servers, tmp_path, "none", extra=extra)
+
+
+def test_a_platform_event_on_a_pod_is_a_notice_for_that_pod(warned_scene: Scene) -> None:
+    scene = warned_scene
+    worker = scene.worker("trainer-0")
+    bystander = scene.worker("metrics-sidecar")
+    try:
+        assert worker.next().state == "none"
+        assert bystander.next().state == "none"
+        pod = scene.pods["trainer-0"]
+        scene.core.create_namespaced_event(
+            scene.namespace,
+            {
+                "metadata": {"generateName": "trainer-0."},
+                "involvedObject": {
+                    "kind": "Pod",
+                    "apiVersion": "v1",
+                    "namespace": pod.namespace,
+                    "name": pod.name,
+                    "uid": pod.uid,
+                },
+                "reason": "PreRelease",
+                "message": "the instance will be released in 5 minutes",
+                "type": "Warning",
+                "source": {"component": "AcsService"},
+            },
+        )
+        heard = worker.until("leave")
+        assert heard.source == "kubernetes"
+        assert "PreRelease" in heard.reason
+        assert worker.acknowledge(3) == "accepted"
+        eventually(lambda: disruption_target(scene.pod("trainer-0")), what="the eviction")
+        assert bystander.notices.empty()
+    finally:
+        worker.close()
+        bystander.close()
+    assert taint(scene.node_object()) is None
