@@ -1,12 +1,13 @@
 """The agent: providers feed the store, the store says what is due, adapters carry it out.
 
-Three guarded background tasks (a crash is logged and the task restarted, never lost):
+Guarded background tasks (a crash is logged and the task restarted, never lost):
 
 - each provider's watch (the cloud's, and the Kubernetes-side signals), reporting to
   :meth:`Agent.observed` / :meth:`Agent.failed`;
 - the pod list of this node, refreshed every few seconds (every second while a notice is live);
 - the reconcile loop: restores what the node annotation recorded (a restart mid-notice repeats
-  nothing), then, whenever woken or when the store's next moment comes, carries out what is due.
+  nothing), then, whenever woken or when the store's next moment comes, carries out what is due;
+- the GPU monitor, when enabled (topology, allocation, XID health, GPU-fault notices).
 
 Workers hear their notice over gRPC *before* the slower API writes of the same round, so the
 time from detection to the workers does not include API latency.
@@ -19,7 +20,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import structlog
@@ -42,12 +43,13 @@ from nodeagent.events import (
     WithdrawPod,
     rfc3339,
 )
-from nodeagent.gpu.monitor import GpuMonitor
+from nodeagent.gpu.monitor import GpuMonitor, Owners
 from nodeagent.gpu.xid import XidPolicy
 from nodeagent.metrics import Metrics
 from nodeagent.notify.server import NoticeService, message
 from nodeagent.providers import Provider, ProviderError
 from nodeagent.store import AckOutcome, Settings, Store
+from nodeagent.webhook import Webhook
 
 log = structlog.get_logger("nodeagent")
 
@@ -93,6 +95,16 @@ class ChannelHealth:
     last_error_kind: str | None = None
 
 
+def _describe(notice: Notice) -> dict[str, Any]:
+    return {
+        "event_id": notice.event_id,
+        "source": notice.source,
+        "notice_kind": notice.kind.value,
+        "deadline": rfc3339(notice.deadline),
+        "reason": notice.reason,
+    }
+
+
 class _ProviderSink:
     """Reports of one provider, tagged with it (which channel is whose, how stale is too old)."""
 
@@ -132,6 +144,7 @@ class Agent:
         self.service = NoticeService(self)
         self.channels: dict[str, ChannelHealth] = {}
         self.restored = False
+        self.reconciles = 0
         self.heartbeat = time.monotonic()
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.crashes: dict[str, int] = {}
@@ -142,11 +155,25 @@ class Agent:
         self._notified_at: dict[PodUid, float] = {}
         self._drained: set[EventId] = set()
         self.gpu: GpuMonitor | None = None
+        self.webhook: Webhook | None = None
         self._published_topology: str | None = None
 
-    def watch_gpus(self, policy: XidPolicy | None = None) -> None:
-        """Monitor the GPUs through NVML and publish their topology on the node."""
-        self.gpu = GpuMonitor(self.publish_topology, policy)
+    def watch_gpus(
+        self,
+        policy: XidPolicy | None = None,
+        owners: Owners | None = None,
+        fault_lead: timedelta = timedelta(seconds=30),
+    ) -> None:
+        """Monitor the GPUs through NVML and publish their topology (and, with ``owners``, which
+        pod holds which GPU) on the node; a failed GPU is a notice for the pods holding it."""
+        self.gpu = GpuMonitor(
+            self.publish_topology,
+            policy,
+            owners=owners,
+            on_faults=lambda notices: self.observed("gpu", notices),
+            fault_lead=fault_lead,
+            clock=self.clock,
+        )
 
     async def publish_topology(self, topology: GpuTopology) -> None:
         text = gputopology.encode(topology)
@@ -170,6 +197,8 @@ class Agent:
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
         for provider in self.providers:
             await provider.aclose()
+        if self.webhook is not None:
+            await self.webhook.aclose()
 
     def _guard(self, name: str, run: Callable[[], Awaitable[None]]) -> None:
         async def guarded() -> None:
@@ -220,6 +249,8 @@ class Agent:
             self._detected[event_id] = time.monotonic()
             self.metrics.notices.labels(notice.source, notice.kind.value).inc()
             self.metrics.lead.observe(max(0.0, (notice.deadline - self.clock()).total_seconds()))
+            if self.webhook is not None and notice.disruptive:
+                self.webhook.send({"kind": "notice", "node": self.node_name, **_describe(notice)})
             log.warning(
                 "notice_detected",
                 event_id=event_id,
@@ -257,7 +288,9 @@ class Agent:
 
     async def identify(self, key: PodKey, uid: PodUid) -> bool:
         pod = self.store.pod(uid)
-        if pod is None:
+        # A pod that started a moment ago may not be in the list yet; callers naming unknown
+        # pods cannot make the agent list pods more than once a second.
+        if pod is None and time.monotonic() - self._pods_at > 1.0:
             await self.refresh_pods()
             pod = self.store.pod(uid)
         return pod is not None and pod.key == key
@@ -293,7 +326,7 @@ class Agent:
                 await self.refresh_pods()
             except Exception as exc:
                 log.warning("pods_unreadable", error=str(exc))
-            live = self.store.governing() is not None
+            live = any(t.notice.disruptive for t in self.store.active())
             s = self.settings
             await asyncio.sleep(s.pods_every_under_notice if live else s.pods_every)
 
@@ -318,6 +351,7 @@ class Agent:
         while True:
             self.heartbeat = time.monotonic()
             failed = await self.reconcile()
+            self.reconciles += 1
             now = self.clock()
             wait = self.settings.retry_after if failed else 5.0
             moment = self.store.next_change(now)
@@ -400,6 +434,10 @@ class Agent:
             if detected is not None:
                 self.metrics.drain.observe(time.monotonic() - detected)
             log.warning("node_drained", event_id=governing.event_id)
+            if self.webhook is not None:
+                self.webhook.send(
+                    {"kind": "drained", "node": self.node_name, **_describe(governing)}
+                )
 
     # --- reports -------------------------------------------------------------------------------
 
@@ -410,6 +448,7 @@ class Agent:
             "providers": [p.name for p in self.providers],
             "dry_run": self.cluster.dry_run,
             "restored": self.restored,
+            "reconciles": self.reconciles,
             "notices": [
                 {
                     "event_id": t.notice.event_id,
@@ -419,6 +458,7 @@ class Agent:
                     "deadline": rfc3339(t.notice.deadline),
                     "disruptive": t.notice.disruptive,
                     "reason": t.notice.reason,
+                    "scope": sorted(t.notice.scope) if t.notice.scope is not None else "node",
                     "first_seen": rfc3339(t.first_seen),
                     "upstream_acked": t.upstream_acked,
                 }

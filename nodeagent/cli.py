@@ -16,13 +16,15 @@ from typing import Any
 import structlog
 
 from contracts.names import REVOKING_TAINT
-from nodeagent import health
+from nodeagent import health, podresources
 from nodeagent.agent import Agent, AgentSettings
+from nodeagent.events import PodKey, PodUid
 from nodeagent.gpu.xid import XidPolicy
 from nodeagent.notify.server import DEFAULT_SOCKET, serve
 from nodeagent.providers import Provider, select
-from nodeagent.providers.kube import DEFAULT_TAINTS, KubeTaintProvider
+from nodeagent.providers.kube import DEFAULT_TAINTS, KubePodProvider, KubeTaintProvider
 from nodeagent.store import Settings
+from nodeagent.webhook import Webhook
 
 log = structlog.get_logger("nodeagent")
 
@@ -58,6 +60,19 @@ def _taint_keys(text: str) -> frozenset[str]:
     if REVOKING_TAINT in keys:
         raise argparse.ArgumentTypeError(f"{REVOKING_TAINT} is the agent's own taint")
     return keys
+
+
+def _conditions(text: str) -> frozenset[Any]:
+    from nodeagent.k8s import ConditionRule
+
+    try:
+        return frozenset(ConditionRule.parse(p) for p in text.split(",") if p.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _reasons(text: str) -> frozenset[str]:
+    return frozenset(part.strip() for part in text.split(",") if part.strip())
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -161,6 +176,19 @@ def parser() -> argparse.ArgumentParser:
         _xids,
     )
     add(
+        "--gpu-fault-lead",
+        "SHOAL_GPU_FAULT_LEAD",
+        "seconds the pods holding a failed GPU get to leave",
+        30.0,
+        _positive,
+    )
+    add(
+        "--pod-resources-socket",
+        "SHOAL_POD_RESOURCES_SOCKET",
+        "the kubelet's PodResources socket (which GPU serves which pod); empty to skip",
+        podresources.DEFAULT_SOCKET,
+    )
+    add(
         "--kube-taints",
         "SHOAL_KUBE_TAINTS",
         "comma-separated node taint keys that announce the node's removal (autoscalers, "
@@ -173,6 +201,34 @@ def parser() -> argparse.ArgumentParser:
         "SHOAL_KUBE_TAINT_LEAD",
         "seconds the workers get after such a taint appears",
         120.0,
+        _positive,
+    )
+    add(
+        "--webhook-url",
+        "SHOAL_WEBHOOK_URL",
+        "POST a JSON message here when a notice arrives and when the node has drained",
+    )
+    add(
+        "--kube-pod-conditions",
+        "SHOAL_KUBE_POD_CONDITIONS",
+        "comma-separated pod conditions (Type=Status or Type=Status:Reason) that warn a pod of "
+        "its removal; the pod gets a notice of its own",
+        "",
+        _conditions,
+    )
+    add(
+        "--kube-event-reasons",
+        "SHOAL_KUBE_EVENT_REASONS",
+        "comma-separated Event reasons on a pod that warn it of its removal (e.g. a platform's "
+        "pre-release event)",
+        "",
+        _reasons,
+    )
+    add(
+        "--kube-pod-lead",
+        "SHOAL_KUBE_POD_LEAD",
+        "seconds a warned pod gets to leave",
+        300.0,
         _positive,
     )
     add("--azure-vm-name", "SHOAL_AZURE_VM_NAME", "this VM's name in Azure scheduled events")
@@ -242,14 +298,33 @@ async def run(args: argparse.Namespace) -> int:
                 lead=timedelta(seconds=args.kube_taint_lead),
             )
         )
+    if args.kube_pod_conditions or args.kube_event_reasons:
+        conditions, reasons = args.kube_pod_conditions, args.kube_event_reasons
+
+        def signals() -> list[tuple[PodKey, PodUid, str]]:
+            found = cluster.pod_signals(conditions, reasons)
+            return [(s.key, s.uid, s.what) for s in found]
+
+        providers.append(
+            KubePodProvider(read_signals=signals, lead=timedelta(seconds=args.kube_pod_lead))
+        )
     agent = Agent(cluster, providers, node_name=args.node_name, settings=settings)
+    if args.webhook_url:
+        agent.webhook = Webhook(args.webhook_url)
     if args.gpu == "auto":
         defaults = XidPolicy()
+        socket_path = args.pod_resources_socket
+
+        async def owners() -> dict[str, str]:
+            return await podresources.gpu_owners(socket_path)
+
         agent.watch_gpus(
             XidPolicy(
                 ignore=defaults.ignore if args.xid_ignore is None else args.xid_ignore,
                 fatal=defaults.fatal if args.xid_fatal is None else args.xid_fatal,
-            )
+            ),
+            owners if socket_path else None,
+            timedelta(seconds=args.gpu_fault_lead),
         )
     grpc_server = await serve(agent.service, args.socket)
     host, port = args.listen

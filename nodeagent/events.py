@@ -55,6 +55,7 @@ class Notice:
     reason: str
     disruptive: bool = True
     upstream_id: str | None = None
+    scope: frozenset[PodKey] | None = None
 
     def __post_init__(self) -> None:
         if self.deadline.tzinfo is None:

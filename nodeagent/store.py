@@ -13,7 +13,10 @@ later observation of the same channel was withdrawn. Failed polls are simply not
 
 Adapters ask :meth:`Store.due` for the actions due at ``now``, carry them out, and report each
 result with :meth:`Store.record`; an action that failed stays due. Training workers are evicted
-first; other pods only once no worker is left under notice (or at the deadline margin).
+first; other pods only once no worker is left under the same notice (or at the deadline margin).
+
+Each pod follows the most urgent disruptive notice that concerns it: a node-wide one, or one
+scoped to it (a failed GPU). Only node-wide notices taint and annotate the node.
 """
 
 from __future__ import annotations
@@ -108,14 +111,14 @@ class Store:
                 notice = seen.notice
             self._notices[notice.event_id] = replace(item, notice=notice)
         restored.sort(key=lambda t: (t.notice.deadline, t.notice.event_id))
-        self._node_applied = self._node_key(tuple(restored))
+        self._node_applied = self._node_key(tuple(t for t in restored if t.notice.scope is None))
         for state in self._pods.values():
             if state.notified is None:
                 state.notified = self._told_before(state.pod)
 
     def _told_before(self, pod: Pod) -> tuple[EventId, datetime] | None:
         """The notice a pod's own ``leave-by`` annotation shows it was already told about."""
-        governing = self.governing()
+        governing = self.governing_for(pod)
         if (
             governing is not None
             and pod.leave_by is not None
@@ -192,18 +195,30 @@ class Store:
         )
 
     def governing(self) -> Notice | None:
-        """The most urgent disruptive notice: the one pods are told about."""
+        """The most urgent disruptive notice for the whole node."""
         for tracked in self.active():
-            if tracked.notice.disruptive:
+            if tracked.notice.disruptive and tracked.notice.scope is None:
                 return tracked.notice
         return None
+
+    def governing_for(self, pod: Pod) -> Notice | None:
+        """The most urgent disruptive notice that concerns ``pod``: the one it is told about."""
+        for tracked in self.active():
+            scope = tracked.notice.scope
+            if tracked.notice.disruptive and (scope is None or pod.key in scope):
+                return tracked.notice
+        return None
+
+    def node_wide(self) -> tuple[Tracked, ...]:
+        """Live notices for the whole node (what its taint and annotation show)."""
+        return tuple(t for t in self.active() if t.notice.scope is None)
 
     def pod_notice(self, uid: PodUid) -> Notice | None:
         """The notice a pod has been told about (None when it is not under notice)."""
         state = self._pods.get(uid)
         if state is None or state.notified is None:
             return None
-        governing = self.governing()
+        governing = self.governing_for(state.pod)
         if governing is not None and governing.event_id == state.notified[0]:
             return governing
         tracked = self._notices.get(state.notified[0])
@@ -247,13 +262,22 @@ class Store:
         s = self.settings
         active = self.active()
         actions: list[Action] = []
-        if self._node_key(active) != self._node_applied:
-            actions.append(SyncNode(active))
+        wide = self.node_wide()
+        if self._node_key(wide) != self._node_applied:
+            actions.append(SyncNode(wide))
 
-        governing = self.governing()
         states = sorted(self._pods.values(), key=lambda st: st.pod.key)
-        workers_left = any(st.pod.worker and not st.pod.daemon and not st.out() for st in states)
+        governs = {st.pod.uid: self.governing_for(st.pod) for st in states}
+        # The notices that still have a worker to get out first.
+        workers_left = {
+            notice.event_id
+            for st in states
+            if st.pod.worker and not st.pod.daemon and not st.out()
+            for notice in (governs[st.pod.uid],)
+            if notice is not None
+        }
         for st in states:
+            governing = governs[st.pod.uid]
             if st.pod.daemon:
                 continue
             if governing is None:
@@ -276,7 +300,9 @@ class Store:
                     actions.append(EvictPod(st.pod, governing, "acknowledged"))
                 elif at_margin:
                     actions.append(EvictPod(st.pod, governing, "deadline"))
-            elif at_margin or (not workers_left and now >= governing.deadline - s.drain_lead):
+            elif at_margin or (
+                governing.event_id not in workers_left and now >= governing.deadline - s.drain_lead
+            ):
                 actions.append(EvictPod(st.pod, governing, "drain"))
 
         everyone_out = all(
@@ -299,15 +325,16 @@ class Store:
 
     def next_change(self, now: datetime) -> datetime | None:
         """The next moment after ``now`` when something may become due without any new input."""
-        governing = self.governing()
-        if governing is None:
-            return None
         s = self.settings
-        moments = [
-            governing.deadline - s.drain_lead,
-            governing.deadline - s.evict_margin,
-            governing.deadline - s.delete_margin,
-        ]
+        moments: list[datetime] = []
+        for tracked in self.active():
+            if tracked.notice.disruptive:
+                deadline = tracked.notice.deadline
+                moments += [
+                    deadline - s.drain_lead,
+                    deadline - s.evict_margin,
+                    deadline - s.delete_margin,
+                ]
         for st in self._pods.values():
             for attempted in (st.evict_attempted_at, st.delete_attempted_at):
                 if attempted is not None:

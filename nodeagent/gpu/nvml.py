@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
+from ctypes import c_void_p, cast
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -179,9 +180,6 @@ class XidWatch:
 
 
 def _address(handle: Any) -> int:
-    value = getattr(handle, "value", None)
-    if value is None:
-        from ctypes import addressof, c_void_p, cast
-
-        value = cast(handle, c_void_p).value or addressof(handle)
-    return int(value)
+    """The device a handle points at (event data carries a handle equal to, not the same
+    Python object as, the one from ``nvmlDeviceGetHandleByIndex``)."""
+    return int(cast(handle, c_void_p).value or 0)

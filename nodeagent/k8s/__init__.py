@@ -11,8 +11,20 @@ from nodeagent.k8s.cluster import (
     ApiError,
     ApiStatus,
     Cluster,
+    ConditionRule,
+    PodSignal,
     decode_revocation,
     encode_revocation,
+    matching_condition,
 )
 
-__all__ = ["ApiError", "ApiStatus", "Cluster", "decode_revocation", "encode_revocation"]
+__all__ = [
+    "ApiError",
+    "ApiStatus",
+    "Cluster",
+    "ConditionRule",
+    "PodSignal",
+    "decode_revocation",
+    "encode_revocation",
+    "matching_condition",
+]

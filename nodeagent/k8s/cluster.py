@@ -114,6 +114,43 @@ def decode_revocation(text: str) -> list[Tracked]:
     return tracked
 
 
+@dataclass(frozen=True, slots=True)
+class ConditionRule:
+    """A pod condition that announces the pod's removal: ``Type=Status`` or
+    ``Type=Status:Reason``."""
+
+    type: str
+    status: str
+    reason: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> ConditionRule:
+        kind, sep, rest = text.partition("=")
+        status, _, reason = rest.partition(":")
+        if not sep or not kind.strip() or not status.strip():
+            raise ValueError(f"expected Type=Status or Type=Status:Reason, got {text!r}")
+        return cls(kind.strip(), status.strip(), reason.strip() or None)
+
+
+@dataclass(frozen=True, slots=True)
+class PodSignal:
+    key: PodKey
+    uid: PodUid
+    what: str
+
+
+def matching_condition(condition: dict[str, Any], rules: frozenset[ConditionRule]) -> str | None:
+    """A description of ``condition`` when one of ``rules`` matches it."""
+    for rule in rules:
+        if condition.get("type") != rule.type or condition.get("status") != rule.status:
+            continue
+        if rule.reason is not None and condition.get("reason") != rule.reason:
+            continue
+        detail = condition.get("reason") or condition.get("message") or ""
+        return f"condition {rule.type}={rule.status}" + (f" ({detail})" if detail else "")
+    return None
+
+
 def _pod(raw: dict[str, Any]) -> Pod:
     meta = raw.get("metadata") or {}
     labels = meta.get("labels") or {}
@@ -240,6 +277,42 @@ class Cluster:
             for p in pods.get("items") or []
             if ((p.get("status") or {}).get("phase") or "") not in _TERMINAL
         ]
+
+    def pod_signals(
+        self, conditions: frozenset[ConditionRule], reasons: frozenset[str]
+    ) -> list[PodSignal]:
+        """Pods on this node that carry a configured condition, or are the subject of an Event
+        with a configured reason (platforms that warn the pod rather than the VM)."""
+        pods = self._request(
+            "list pods",
+            "GET",
+            "/api/v1/pods",
+            query={"fieldSelector": f"spec.nodeName={self.node_name}"},
+        )
+        here: dict[str, PodKey] = {}
+        signals: list[PodSignal] = []
+        for raw in pods.get("items") or []:
+            meta = raw.get("metadata") or {}
+            key = PodKey(f"{meta.get('namespace')}/{meta.get('name')}")
+            uid = str(meta.get("uid"))
+            here[uid] = key
+            for condition in (raw.get("status") or {}).get("conditions") or []:
+                what = matching_condition(condition, conditions)
+                if what is not None:
+                    signals.append(PodSignal(key, PodUid(uid), what))
+        for reason in sorted(reasons):
+            events = self._request(
+                "list events",
+                "GET",
+                "/api/v1/events",
+                query={"fieldSelector": f"involvedObject.kind=Pod,reason={reason}"},
+            )
+            for event in events.get("items") or []:
+                uid = str((event.get("involvedObject") or {}).get("uid"))
+                if uid in here:
+                    message = str(event.get("message") or "")[:200]
+                    signals.append(PodSignal(here[uid], PodUid(uid), f"event {reason}: {message}"))
+        return signals
 
     # --- writes --------------------------------------------------------------------------------
 

@@ -9,12 +9,14 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
+from kubernetes import client
 
 from contracts import gputopology, names
 from devcluster import nodes
@@ -22,6 +24,7 @@ from nodeagent.client import NoticeRefused, PodIdentity
 from nodeagent.events import parse_rfc3339
 from nodeagent.testing import metadata
 from nodeagent.testing import nvml as fake_nvml
+from nodeagent.testing.podresources import FakePodResources
 from tests.integration.conftest import Devcluster
 from tests.integration.nodeagent.harness import (
     CLOUDS,
@@ -73,7 +76,7 @@ def make_scene(
     *,
     extra: list[str] | None = None,
     env: dict[str, str] | None = None,
-) -> Iterator[Scene]:
+) -> Generator[Scene, None, None]:
     core = devcluster.core()
     spec = nodes.NodeSpec(count=1, gpus=8, prefix=f"agent-{provider}-{uuid.uuid4().hex[:6]}")
     (node,) = nodes.create(devcluster.kubeconfig, spec)
@@ -290,6 +293,9 @@ def test_shell_cli_waits_for_the_notice_and_acknowledges(aws_scene: Scene) -> No
     eventually(lambda: disruption_target(scene.pod("trainer-0")), what="the eviction")
 
 
+FAKE_UUID = "GPU-fa4e0000-0000-4000-8000-00000000000"
+
+
 @pytest.fixture
 def gpu_scene(
     devcluster: Devcluster,
@@ -306,10 +312,22 @@ def gpu_scene(
         "FAKE_NVML_LAYOUT": "islands2x4",
         "FAKE_NVML_XID_FILE": str(tmp_path / "xid"),
     }
-    yield from make_scene(devcluster, namespace, servers, tmp_path, "none", env=env)
+    kubelet = FakePodResources(str(tmp_path / "kubelet.sock"))
+    # The device plugin's ids are GPU UUIDs: trainer-0 holds GPUs 2 and 3.
+    kubelet.pods[f"{namespace}/trainer-0"] = [f"{FAKE_UUID}{i}" for i in (2, 3)]
+    servers.run(kubelet.start())
+    try:
+        extra = ["--pod-resources-socket", kubelet.socket_path]
+        yield from make_scene(
+            devcluster, namespace, servers, tmp_path, "none", extra=extra, env=env
+        )
+    finally:
+        servers.run(kubelet.close())
 
 
-def test_gpu_topology_and_an_xid_fault_reach_the_node_annotation(gpu_scene: Scene) -> None:
+def test_gpu_topology_allocation_and_an_xid_fault_reach_the_node_and_the_pod(
+    gpu_scene: Scene,
+) -> None:
     scene = gpu_scene
 
     def published() -> gputopology.GpuTopology | None:
@@ -318,18 +336,43 @@ def test_gpu_topology_and_an_xid_fault_reach_the_node_annotation(gpu_scene: Scen
         # The node was created with a synthetic document; the agent's comes from NVML.
         return topology if topology.gpus[0].uuid.startswith("GPU-fa4e") else None
 
-    topology = eventually(published, what="the NVML topology on the node")
+    def allocated() -> gputopology.GpuTopology | None:
+        current = published()
+        return current if current is not None and current.allocated else None
+
+    topology = eventually(allocated, what="the NVML topology and its allocation on the node")
     assert sorted(sorted(m) for m in topology.islands().values()) == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert {g.health for g in topology.gpus} == {"healthy"}
+    pod = f"{scene.namespace}/trainer-0"
+    assert dict(topology.allocated) == {2: pod, 3: pod}
+    assert topology.largest_free_island() == 4
 
-    (scene.agent.workdir / "xid").write_text("3 79\n")
+    worker = scene.worker("trainer-0")
+    bystander = scene.worker("metrics-sidecar")
+    try:
+        assert worker.next().state == "none"
+        assert bystander.next().state == "none"
+        (scene.agent.workdir / "xid").write_text("3 79\n")
 
-    def gpu3_failed() -> gputopology.GpuTopology | None:
-        current = published()
-        return current if current is not None and current.gpus[3].health == "failed" else None
+        def gpu3_failed() -> gputopology.GpuTopology | None:
+            current = published()
+            return current if current is not None and current.gpus[3].health == "failed" else None
 
-    faulted = eventually(gpu3_failed, what="XID 79 to mark GPU 3 failed")
-    assert [g.health for g in faulted.gpus].count("healthy") == 7
+        faulted = eventually(gpu3_failed, what="XID 79 to mark GPU 3 failed")
+        assert [g.health for g in faulted.gpus].count("healthy") == 7
+
+        # GPU 3 belongs to trainer-0: it alone is told to leave; the node stays schedulable.
+        heard = worker.until("leave")
+        assert (heard.kind, heard.source) == ("gpu-fault", "gpu")
+        assert "XID 79" in heard.reason
+        assert worker.acknowledge(500) == "accepted"
+        eventually(lambda: disruption_target(scene.pod("trainer-0")), what="the eviction")
+        assert bystander.notices.empty()
+    finally:
+        worker.close()
+        bystander.close()
+    assert taint(scene.node_object()) is None
+    assert disruption_target(scene.pod("metrics-sidecar")) is None
     gpu = scene.agent.status()["gpu"]
     assert (gpu["state"], gpu["last_xid"]) == ("ok", {"3": 79})
 
@@ -373,3 +416,232 @@ def test_an_autoscaler_taint_is_a_notice_and_its_removal_a_withdrawal(
     finally:
         worker.close()
     assert disruption_target(scene.pod("trainer-0")) is None
+
+
+def test_readyz_reports_a_failing_metadata_server_and_the_agent_survives_it(
+    aws_scene: Scene,
+) -> None:
+    scene = aws_scene
+    servers = scene.cloud.servers
+    server = scene.cloud.server
+    servers.call(lambda: server.faults.next(*["503"] * 5000))
+
+    def unready() -> dict[str, Any] | None:
+        status, body = scene.agent.get("/readyz")
+        return body if status == 503 else None
+
+    body = eventually(unready, what="/readyz to report the metadata failures")
+    assert "HTTP 503" in body["metadata"]["aws/spot"]
+    assert scene.agent.get("/healthz")[0] == 200
+    assert 'shoal_agent_metadata_errors_total{channel="aws/spot",kind="status"}' in (
+        scene.agent.metrics()
+    )
+
+    servers.call(server.faults.queue.clear)
+    eventually(scene.agent.ready, what="/readyz to recover")
+    # A notice after the outage is still seen.
+    scene.cloud.post()
+    eventually(lambda: taint(scene.node_object()), what="the taint after the outage")
+
+
+@pytest.fixture
+def gcp_scene(
+    devcluster: Devcluster,
+    namespace: str,
+    servers: metadata.Threaded,
+    tmp_path: Path,
+) -> Iterator[Scene]:
+    margins = ["--evict-margin", "20", "--delete-margin", "8", "--gpu", "off"]
+    yield from make_scene(devcluster, namespace, servers, tmp_path, "gcp", extra=margins)
+
+
+def test_a_pdb_that_refuses_eviction_ends_in_a_delete_before_the_deadline(
+    gcp_scene: Scene, devcluster: Devcluster
+) -> None:
+    scene = gcp_scene
+    policy = client.PolicyV1Api(devcluster.api)
+    policy.create_namespaced_pod_disruption_budget(
+        scene.namespace,
+        {
+            "metadata": {"name": "keep-trainers"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {names.GANG_LABEL: "trainer"}}},
+        },
+    )
+
+    def budget_computed() -> bool:
+        pdb = policy.read_namespaced_pod_disruption_budget("keep-trainers", scene.namespace)
+        return pdb.status is not None and pdb.status.expected_pods == 1
+
+    eventually(budget_computed, what="the disruption controller to compute the budget")
+    worker = scene.worker("trainer-0")
+    try:
+        worker.next()
+        scene.cloud.post()
+        heard = worker.until("leave")
+        assert worker.acknowledge(1) == "accepted"
+        assert heard.leave_by is not None
+
+        def deleted() -> Any:
+            pod = scene.pod("trainer-0")
+            return pod if pod.metadata.deletion_timestamp is not None else None
+
+        pod = eventually(deleted, timeout=60, what="the last-resort delete")
+    finally:
+        worker.close()
+    # The budget held the eviction back (no DisruptionTarget from the Eviction API); the delete
+    # came in the last seconds before the deadline, with the short grace period.
+    assert disruption_target(pod) is None
+    lines = [line for line in scene.agent.log_lines() if line.get("pod", "").endswith("trainer-0")]
+    assert any(line["event"] == "eviction_refused" for line in lines)
+    (deleted_line,) = [line for line in lines if line["event"] == "pod_deleted"]
+    assert deleted_line["grace_seconds"] == 3
+    assert parse_rfc3339(deleted_line["timestamp"]) <= heard.leave_by
+
+
+class Receiver:
+    """A webhook endpoint that keeps what it was sent."""
+
+    def __init__(self) -> None:
+        self.received: list[dict[str, Any]] = []
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> None:
+        async def hook(request: web.Request) -> web.Response:
+            self.received.append(await request.json())
+            return web.Response(status=204)
+
+        app = web.Application()
+        app.router.add_post("/hook", hook)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}/hook"
+
+    async def close(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+def test_the_webhook_fires_when_the_notice_arrives_and_when_the_node_has_drained(
+    devcluster: Devcluster, namespace: str, servers: metadata.Threaded, tmp_path: Path
+) -> None:
+    receiver = Receiver()
+    servers.run(receiver.start())
+    extra = ["--webhook-url", receiver.url, "--gpu", "off"]
+    scenes = make_scene(devcluster, namespace, servers, tmp_path, "alibaba", extra=extra)
+    scene = next(scenes)
+    try:
+        worker = scene.worker("trainer-0")
+        try:
+            worker.next()
+            scene.cloud.post()
+            worker.until("leave")
+            first = eventually(lambda: servers.call(lambda: list(receiver.received)), what="hook")
+            # Sent on arrival: before any pod was evicted.
+            assert first[0]["kind"] == "notice"
+            assert disruption_target(scene.pod("trainer-0")) is None
+            worker.acknowledge(4)
+        finally:
+            worker.close()
+
+        def drained() -> list[dict[str, Any]] | None:
+            got = servers.call(lambda: list(receiver.received))
+            return got if any(m["kind"] == "drained" for m in got) else None
+
+        messages = eventually(drained, what="the drained hook")
+        assert [m["kind"] for m in messages] == ["notice", "drained"]
+        assert messages[0]["event_id"] == messages[1]["event_id"]
+        assert messages[1]["node"] == scene.node
+    finally:
+        scenes.close()
+        servers.run(receiver.close())
+
+
+@pytest.fixture
+def azure_scene(
+    devcluster: Devcluster, namespace: str, servers: metadata.Threaded, tmp_path: Path
+) -> Iterator[Scene]:
+    yield from make_scene(devcluster, namespace, servers, tmp_path, "azure", extra=["--gpu", "off"])
+
+
+def test_restart_after_the_azure_ack_does_not_acknowledge_twice(azure_scene: Scene) -> None:
+    scene = azure_scene
+    server = scene.cloud.server
+    servers = scene.cloud.servers
+
+    def start_requests() -> int:
+        seen: list[tuple[str, str]] = servers.call(lambda: list(server.requests))
+        return seen.count(("POST", "/metadata/scheduledevents"))
+
+    worker = scene.worker("trainer-0")
+    try:
+        worker.next()
+        scene.cloud.post()
+        worker.until("leave")
+        worker.acknowledge(11)
+    finally:
+        worker.close()
+    eventually(scene.cloud.acknowledged, what="StartRequests")
+    recorded = eventually(
+        lambda: (
+            (revocation(scene.node_object()) or {}).get("notices", [{}])[0].get("upstream_acked")
+        ),
+        what="the ack recorded on the node",
+    )
+    assert recorded is True
+    assert start_requests() == 1
+
+    scene.agent.kill()
+    scene.agent.start()
+    eventually(lambda: scene.agent.status()["reconciles"] >= 3, what="the restarted agent at work")
+    (notice,) = scene.agent.status()["notices"]
+    assert notice["upstream_acked"] is True
+    assert start_requests() == 1
+    assert taint(scene.node_object()) is not None
+
+
+@pytest.fixture
+def warned_scene(
+    devcluster: Devcluster, namespace: str, servers: metadata.Threaded, tmp_path: Path
+) -> Iterator[Scene]:
+    extra = ["--gpu", "off", "--kube-event-reasons", "PreRelease"]
+    yield from make_scene(devcluster, namespace, servers, tmp_path, "none", extra=extra)
+
+
+def test_a_platform_event_on_a_pod_is_a_notice_for_that_pod(warned_scene: Scene) -> None:
+    scene = warned_scene
+    worker = scene.worker("trainer-0")
+    bystander = scene.worker("metrics-sidecar")
+    try:
+        assert worker.next().state == "none"
+        assert bystander.next().state == "none"
+        pod = scene.pods["trainer-0"]
+        scene.core.create_namespaced_event(
+            scene.namespace,
+            {
+                "metadata": {"generateName": "trainer-0."},
+                "involvedObject": {
+                    "kind": "Pod",
+                    "apiVersion": "v1",
+                    "namespace": pod.namespace,
+                    "name": pod.name,
+                    "uid": pod.uid,
+                },
+                "reason": "PreRelease",
+                "message": "the instance will be released in 5 minutes",
+                "type": "Warning",
+                "source": {"component": "AcsService"},
+            },
+        )
+        heard = worker.until("leave")
+        assert heard.source == "kubernetes"
+        assert "PreRelease" in heard.reason
+        assert worker.acknowledge(3) == "accepted"
+        eventually(lambda: disruption_target(scene.pod("trainer-0")), what="the eviction")
+        assert bystander.notices.empty()
+    finally:
+        worker.close()
+        bystander.close()
+    assert taint(scene.node_object()) is None

@@ -8,7 +8,12 @@ from datetime import UTC, datetime
 import pytest
 
 from nodeagent.events import EventId, Kind, Notice, Tracked
-from nodeagent.k8s import decode_revocation, encode_revocation
+from nodeagent.k8s import (
+    ConditionRule,
+    decode_revocation,
+    encode_revocation,
+    matching_condition,
+)
 
 T0 = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
 
@@ -52,3 +57,31 @@ def test_round_trip_keeps_everything_a_restart_needs() -> None:
 def test_a_damaged_annotation_is_refused_with_the_field(text: str) -> None:
     with pytest.raises(ValueError, match="notices"):
         decode_revocation(text)
+
+
+@pytest.mark.parametrize(
+    ("rule", "condition", "matched"),
+    [
+        ("SandboxReady=False", {"type": "SandboxReady", "status": "False"}, True),
+        ("SandboxReady=False", {"type": "SandboxReady", "status": "True"}, False),
+        (
+            "SandboxReady=False:Maintenance",
+            {"type": "SandboxReady", "status": "False", "reason": "Maintenance"},
+            True,
+        ),
+        (
+            "SandboxReady=False:Maintenance",
+            {"type": "SandboxReady", "status": "False", "reason": "ImagePull"},
+            False,
+        ),
+    ],
+)
+def test_pod_condition_rules(rule: str, condition: dict[str, str], matched: bool) -> None:
+    found = matching_condition(condition, frozenset({ConditionRule.parse(rule)}))
+    assert (found is not None) is matched
+
+
+@pytest.mark.parametrize("text", ["SandboxReady", "=False", "Ready="])
+def test_bad_condition_rules_are_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="Type=Status"):
+        ConditionRule.parse(text)

@@ -34,6 +34,7 @@ def notice(
     lead: float = 120,
     disruptive: bool = True,
     upstream: str | None = None,
+    scope: frozenset[PodKey] | None = None,
 ) -> Notice:
     return Notice(
         event_id=EventId(event_id),
@@ -44,6 +45,7 @@ def notice(
         reason="spot interruption",
         disruptive=disruptive,
         upstream_id=upstream,
+        scope=scope,
     )
 
 
@@ -205,6 +207,33 @@ def test_non_disruptive_notices_only_cordon() -> None:
     store.set_pods([pod("w0")])
     store.observe("aws", [notice("rebalance", lead=0, disruptive=False)], T0)
     assert [type(a) for a in run(store, at(1000))] == [SyncNode]
+
+
+def test_a_notice_scoped_to_a_pod_leaves_the_node_and_other_pods_alone() -> None:
+    store = Store()
+    store.set_pods([pod("w0"), pod("w1"), pod("web", worker=False)])
+    fault = notice("gpu-3", source="gpu", lead=30, scope=frozenset({PodKey("ns/w0")}))
+    store.observe("gpu", [fault], T0)
+    actions = run(store, T0)
+    assert [(type(a), a.pod.key) for a in actions if isinstance(a, NotifyPod)] == [
+        (NotifyPod, "ns/w0")
+    ]
+    assert not any(isinstance(a, SyncNode) for a in actions)  # no taint for a GPU fault
+    store.acknowledge(PodKey("ns/w0"), PodUid("uid-w0"), 10)
+    assert [a.pod.key for a in run(store, at(1)) if isinstance(a, EvictPod)] == ["ns/w0"]
+    # Nothing else is touched, even at the deadline.
+    late = run(store, at(29))
+    assert {a.pod.key for a in late if not isinstance(a, SyncNode | AckUpstream)} <= {"ns/w0"}
+
+
+def test_a_pod_follows_the_most_urgent_notice_that_concerns_it() -> None:
+    store = Store()
+    store.set_pods([pod("w0"), pod("w1")])
+    store.observe("aws", [notice("spot", lead=120)], T0)
+    fault = notice("gpu-3", source="gpu", lead=30, scope=frozenset({PodKey("ns/w1")}))
+    store.observe("gpu", [fault], T0)
+    told = {a.pod.key: a.notice.event_id for a in run(store, T0) if isinstance(a, NotifyPod)}
+    assert told == {"ns/w0": "spot", "ns/w1": "gpu-3"}
 
 
 # --- properties -------------------------------------------------------------------------------

@@ -1,0 +1,8 @@
+"""``python -m nodeagent.client.discover``: Horovod host discovery (see nodeagent.k8s.discover)."""
+
+import sys
+
+from nodeagent.k8s.discover import main
+
+if __name__ == "__main__":
+    sys.exit(main())
