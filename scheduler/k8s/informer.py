@@ -124,6 +124,7 @@ class Informer:
                 kwargs["_continue"] = cont
             response = self._lister(_preload_content=False, **kwargs)
             doc = json.loads(response.data)
+            response.release_conn()
             items.extend(doc.get("items") or [])
             meta = doc.get("metadata") or {}
             cont = meta.get("continue")

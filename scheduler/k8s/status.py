@@ -31,6 +31,15 @@ POD_GROUP_API = ("scheduling.x-k8s.io", "v1alpha1", "podgroups")
 MAX_REMEMBERED = 100_000
 
 
+def _done(response: Any) -> None:
+    """Read the reply and hand its connection back to the pool. Left unread, the connection is
+    dropped and the next request pays for a new TLS handshake (the bind path's main cost)."""
+    try:
+        response.read()
+    finally:
+        response.release_conn()
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -52,8 +61,10 @@ class ApiBinder:
         self._limiter.acquire()
         try:
             # The generated client cannot parse the Status that pods/binding returns.
-            self._core.create_namespaced_pod_binding(
-                pod.name, pod.namespace, body, _preload_content=False
+            _done(
+                self._core.create_namespaced_pod_binding(
+                    pod.name, pod.namespace, body, _preload_content=False
+                )
             )
         except ApiException as exc:
             return f"{exc.status} {exc.reason}: {_api_message(exc)}"
@@ -70,12 +81,14 @@ class ApiBinder:
         }
         self._limiter.acquire()
         try:
-            self._core.patch_namespaced_pod(
-                pod.name,
-                pod.namespace,
-                body,
-                _content_type="application/merge-patch+json",
-                _preload_content=False,
+            _done(
+                self._core.patch_namespaced_pod(
+                    pod.name,
+                    pod.namespace,
+                    body,
+                    _content_type="application/merge-patch+json",
+                    _preload_content=False,
+                )
             )
         except ApiException as exc:
             return f"{exc.status} {exc.reason}: {_api_message(exc)}"
@@ -89,8 +102,10 @@ class ApiBinder:
         }
         self._limiter.acquire()
         try:
-            self._core.create_namespaced_pod_eviction(
-                pod.name, pod.namespace, body, _preload_content=False
+            _done(
+                self._core.create_namespaced_pod_eviction(
+                    pod.name, pod.namespace, body, _preload_content=False
+                )
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -231,12 +246,14 @@ class ApiReporter:
                 self._backlog -= 1
 
     def _pod_nomination(self, pod: PodRequest, node: NodeName) -> None:
-        self._core.patch_namespaced_pod_status(
-            pod.name,
-            pod.namespace,
-            {"status": {"nominatedNodeName": node}},
-            _content_type="application/strategic-merge-patch+json",
-            _preload_content=False,
+        _done(
+            self._core.patch_namespaced_pod_status(
+                pod.name,
+                pod.namespace,
+                {"status": {"nominatedNodeName": node}},
+                _content_type="application/strategic-merge-patch+json",
+                _preload_content=False,
+            )
         )
 
     def _pod_condition(self, pod: PodRequest, reason: str, message: str) -> None:
@@ -253,12 +270,14 @@ class ApiReporter:
                 ]
             }
         }
-        self._core.patch_namespaced_pod_status(
-            pod.name,
-            pod.namespace,
-            body,
-            _content_type="application/strategic-merge-patch+json",
-            _preload_content=False,
+        _done(
+            self._core.patch_namespaced_pod_status(
+                pod.name,
+                pod.namespace,
+                body,
+                _content_type="application/strategic-merge-patch+json",
+                _preload_content=False,
+            )
         )
 
     def _event(
@@ -280,7 +299,7 @@ class ApiReporter:
             "lastTimestamp": now,
             "count": 1,
         }
-        self._core.create_namespaced_event(namespace, body, _preload_content=False)
+        _done(self._core.create_namespaced_event(namespace, body, _preload_content=False))
 
     def _pod_event(self, pod: PodRequest, kind: str, reason: str, message: str) -> None:
         involved = {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid}
@@ -295,13 +314,15 @@ class ApiReporter:
     def _group_status(self, ref: str, status: dict[str, Any]) -> None:
         namespace, name = ref.split("/", 1)
         group, version, plural = POD_GROUP_API
-        self._custom.patch_namespaced_custom_object_status(
-            group,
-            version,
-            namespace,
-            plural,
-            name,
-            {"status": status},
-            _content_type="application/merge-patch+json",
-            _preload_content=False,
+        _done(
+            self._custom.patch_namespaced_custom_object_status(
+                group,
+                version,
+                namespace,
+                plural,
+                name,
+                {"status": status},
+                _content_type="application/merge-patch+json",
+                _preload_content=False,
+            )
         )
