@@ -1,5 +1,6 @@
 """Binding and user-facing status: the :class:`~scheduler.runner.Binder` and
-:class:`~scheduler.runner.Reporter` on the Kubernetes API.
+:class:`~scheduler.runner.Reporter` on the Kubernetes API (plain JSON through
+:class:`~scheduler.k8s.client.Rest`; these are the per-pod writes).
 
 Writes that only inform (conditions, Events, PodGroup status) go through a small worker pool so
 the scheduling loop never waits on them, and each is sent only when its content changes: a gang
@@ -8,20 +9,18 @@ that stays unschedulable for an hour produces one Event per member, not one per 
 
 from __future__ import annotations
 
-import json
 import threading
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 import structlog
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from contracts import names
-from scheduler.k8s.client import TokenBucket
+from scheduler.k8s.client import ApiError, Rest, TokenBucket, pod_path
 from scheduler.model import Gang, GangKey, InvalidGang, NodeName, PodPhase, PodRequest
 
 log = structlog.get_logger("scheduler.status")
@@ -31,25 +30,25 @@ POD_GROUP_API = ("scheduling.x-k8s.io", "v1alpha1", "podgroups")
 MAX_REMEMBERED = 100_000
 
 
-def _done(response: Any) -> None:
-    """Read the reply and hand its connection back to the pool. Left unread, the connection is
-    dropped and the next request pays for a new TLS handshake (the bind path's main cost)."""
-    try:
-        response.read()
-    finally:
-        response.release_conn()
-
-
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class ApiBinder:
-    """``pods/binding``, rate limited. Thread-safe: called from the bind workers."""
+    """``pods/binding``, the leave-by notice and evictions, rate limited. Thread-safe: called
+    from the bind workers."""
 
     def __init__(self, api: Any, limiter: TokenBucket) -> None:
-        self._core = client.CoreV1Api(api)
+        self._rest = Rest(api)
         self._limiter = limiter
+
+    def _send(self, method: str, path: str, body: dict[str, Any], **kw: Any) -> str | None:
+        self._limiter.acquire()
+        try:
+            self._rest.call(method, path, body, **kw)
+        except ApiError as exc:
+            return str(exc)
+        return None
 
     def bind(self, pod: PodRequest, node: NodeName) -> str | None:
         body = {
@@ -58,17 +57,7 @@ class ApiBinder:
             "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        self._limiter.acquire()
-        try:
-            # The generated client cannot parse the Status that pods/binding returns.
-            _done(
-                self._core.create_namespaced_pod_binding(
-                    pod.name, pod.namespace, body, _preload_content=False
-                )
-            )
-        except ApiException as exc:
-            return f"{exc.status} {exc.reason}: {_api_message(exc)}"
-        return None
+        return self._send("POST", pod_path(pod.namespace, pod.name, "binding"), body)
 
     def ask_to_leave(self, pod: PodRequest, leave_by: float, gang: GangKey) -> str | None:
         body = {
@@ -79,20 +68,12 @@ class ApiBinder:
                 }
             }
         }
-        self._limiter.acquire()
-        try:
-            _done(
-                self._core.patch_namespaced_pod(
-                    pod.name,
-                    pod.namespace,
-                    body,
-                    _content_type="application/merge-patch+json",
-                    _preload_content=False,
-                )
-            )
-        except ApiException as exc:
-            return f"{exc.status} {exc.reason}: {_api_message(exc)}"
-        return None
+        return self._send(
+            "PATCH",
+            pod_path(pod.namespace, pod.name),
+            body,
+            content_type="application/merge-patch+json",
+        )
 
     def evict(self, pod: PodRequest) -> str | None:
         body = {
@@ -102,27 +83,14 @@ class ApiBinder:
         }
         self._limiter.acquire()
         try:
-            _done(
-                self._core.create_namespaced_pod_eviction(
-                    pod.name, pod.namespace, body, _preload_content=False
-                )
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None  # already gone
-            return f"{exc.status} {exc.reason}: {_api_message(exc)}"
+            self._rest.call("POST", pod_path(pod.namespace, pod.name, "eviction"), body)
+        except ApiError as exc:
+            return None if exc.status == 404 else str(exc)  # 404: already gone
         return None
 
 
 def _rfc3339(when: float) -> str:
     return datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _api_message(exc: ApiException) -> str:
-    try:
-        return str(json.loads(exc.body).get("message", ""))[:300]
-    except (TypeError, ValueError):
-        return str(exc.body)[:300]
 
 
 class ApiReporter:
@@ -137,8 +105,7 @@ class ApiReporter:
         workers: int = 4,
         max_backlog: int = 5000,
     ) -> None:
-        self._core = client.CoreV1Api(api)
-        self._custom = client.CustomObjectsApi(api)
+        self._rest = Rest(api)
         self._limiter = limiter
         self._name = scheduler_name
         self._instance = f"{scheduler_name}-{uuid.uuid4().hex[:8]}"
@@ -231,13 +198,10 @@ class ApiReporter:
         try:
             self._limiter.acquire()
             fn(*args)
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status != 404:  # the object went away meanwhile: nothing to tell
                 log.warning(
-                    "status_write_failed",
-                    action=fn.__name__,
-                    status=exc.status,
-                    error=_api_message(exc),
+                    "status_write_failed", action=fn.__name__, status=exc.status, error=str(exc)
                 )
         except Exception:
             log.exception("status_write_crashed", action=fn.__name__)
@@ -246,14 +210,11 @@ class ApiReporter:
                 self._backlog -= 1
 
     def _pod_nomination(self, pod: PodRequest, node: NodeName) -> None:
-        _done(
-            self._core.patch_namespaced_pod_status(
-                pod.name,
-                pod.namespace,
-                {"status": {"nominatedNodeName": node}},
-                _content_type="application/strategic-merge-patch+json",
-                _preload_content=False,
-            )
+        self._rest.call(
+            "PATCH",
+            pod_path(pod.namespace, pod.name, "status"),
+            {"status": {"nominatedNodeName": node}},
+            content_type="application/strategic-merge-patch+json",
         )
 
     def _pod_condition(self, pod: PodRequest, reason: str, message: str) -> None:
@@ -270,14 +231,11 @@ class ApiReporter:
                 ]
             }
         }
-        _done(
-            self._core.patch_namespaced_pod_status(
-                pod.name,
-                pod.namespace,
-                body,
-                _content_type="application/strategic-merge-patch+json",
-                _preload_content=False,
-            )
+        self._rest.call(
+            "PATCH",
+            pod_path(pod.namespace, pod.name, "status"),
+            body,
+            content_type="application/strategic-merge-patch+json",
         )
 
     def _event(
@@ -299,7 +257,7 @@ class ApiReporter:
             "lastTimestamp": now,
             "count": 1,
         }
-        _done(self._core.create_namespaced_event(namespace, body, _preload_content=False))
+        self._rest.call("POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/events", body)
 
     def _pod_event(self, pod: PodRequest, kind: str, reason: str, message: str) -> None:
         involved = {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid}
@@ -314,15 +272,10 @@ class ApiReporter:
     def _group_status(self, ref: str, status: dict[str, Any]) -> None:
         namespace, name = ref.split("/", 1)
         group, version, plural = POD_GROUP_API
-        _done(
-            self._custom.patch_namespaced_custom_object_status(
-                group,
-                version,
-                namespace,
-                plural,
-                name,
-                {"status": status},
-                _content_type="application/merge-patch+json",
-                _preload_content=False,
-            )
+        path = (
+            f"/apis/{group}/{version}/namespaces/{quote(namespace, safe='')}/{plural}/"
+            f"{quote(name, safe='')}/status"
+        )
+        self._rest.call(
+            "PATCH", path, {"status": status}, content_type="application/merge-patch+json"
         )
