@@ -235,9 +235,6 @@ class Cluster:
 
     # --- reads ---------------------------------------------------------------------------------
 
-    def ping(self) -> None:
-        self._request("read node", "GET", self._node_path)
-
     def read_revocation(self) -> list[Tracked]:
         """What the node annotation says the agent was doing (empty when nothing or unreadable)."""
         node = self._request("read node", "GET", self._node_path)
