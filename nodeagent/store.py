@@ -248,10 +248,6 @@ class Store:
         state = self._pods.get(uid)
         return state.pod if state is not None else None
 
-    def acked_step(self, uid: PodUid) -> int | None:
-        state = self._pods.get(uid)
-        return state.acked_step if state is not None else None
-
     @staticmethod
     def _node_key(active: tuple[Tracked, ...]) -> tuple[tuple[EventId, datetime, bool], ...]:
         return tuple((t.notice.event_id, t.notice.deadline, t.upstream_acked) for t in active)

@@ -1,10 +1,9 @@
 """Node and pod reads and writes for one node: taint, annotations, Events, eviction.
 
-Requests go through the official client's ``ApiClient`` (kubeconfig or in-cluster auth, TLS,
-token refresh) as plain REST calls on raw JSON. The generated per-resource API classes are not
-used: instantiating ``CoreV1Api`` alone costs the agent about 22 MiB of resident memory (its
-validators), more than everything the agent does with it, and the JSON is converted to our own
-types here anyway.
+Requests are plain REST calls on raw JSON through a :mod:`nodeagent.k8s.transport`; the JSON is
+converted to our own types here. The generated per-resource API classes are not used:
+instantiating ``CoreV1Api`` alone costs about 22 MiB of resident memory (its validators), more
+than everything the agent does with it.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import structlog
-from kubernetes import client, config
 from urllib3.exceptions import HTTPError
 
 from contracts import names
@@ -32,6 +30,7 @@ from nodeagent.events import (
     parse_rfc3339,
     rfc3339,
 )
+from nodeagent.k8s.transport import Transport, connect
 
 log = structlog.get_logger("nodeagent.k8s")
 
@@ -180,7 +179,7 @@ def _pod(raw: dict[str, Any]) -> Pod:
 class Cluster:
     """The API calls the agent makes, for the node ``node_name``."""
 
-    api: Any  # kubernetes.client.ApiClient
+    transport: Transport
     node_name: str
     dry_run: bool = False
     #: Monotonic time of the last successful API call (for /readyz).
@@ -189,15 +188,18 @@ class Cluster:
     @classmethod
     def connect(cls, kubeconfig: str | None, node_name: str, *, dry_run: bool) -> Cluster:
         """From a kubeconfig file, or the pod's service account when ``kubeconfig`` is None."""
-        if kubeconfig:
-            api = config.new_client_from_config(config_file=kubeconfig)
-        else:
-            config.load_incluster_config()
-            api = client.ApiClient()
-        return cls(api=api, node_name=node_name, dry_run=dry_run)
+
+        def fallback(why: str) -> None:
+            log.info("kubernetes_client_transport", reason=why)
+
+        return cls(
+            transport=connect(kubeconfig, on_fallback=fallback),
+            node_name=node_name,
+            dry_run=dry_run,
+        )
 
     def close(self) -> None:
-        self.api.close()
+        self.transport.close()
 
     def _request(
         self,
@@ -217,35 +219,21 @@ class Cluster:
         params = dict(query or {})
         if self.dry_run and method != "GET":
             params["dryRun"] = "All"
-        _method, url, headers, data, _post = self.api.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=list(params.items()),
-            header_params={"Accept": "application/json", "Content-Type": content_type},
-            body=body,
-            auth_settings=["BearerToken"],
-        )
         try:
-            resp = self.api.call_api(
-                method, url, header_params=headers, body=data, _request_timeout=30
-            )
-            raw = resp.read()
+            answer = self.transport.request(method, path, params, body, content_type)
         except (HTTPError, OSError) as exc:
             raise ApiError(f"{what}: API server unreachable: {exc}") from exc
         self.last_ok = time.monotonic()
-        if resp.status >= 400:
-            detail = raw.decode("utf-8", "replace")[:300] if raw else ""
-            raise ApiStatus(f"{what}: HTTP {resp.status}: {detail}", resp.status, resp.reason)
-        return json.loads(raw) if raw else None
+        if answer.status >= 400:
+            detail = answer.body.decode("utf-8", "replace")[:300]
+            raise ApiStatus(f"{what}: HTTP {answer.status}: {detail}", answer.status, answer.reason)
+        return json.loads(answer.body) if answer.body else None
 
     @property
     def _node_path(self) -> str:
         return f"/api/v1/nodes/{self.node_name}"
 
     # --- reads ---------------------------------------------------------------------------------
-
-    def ping(self) -> None:
-        self._request("read node", "GET", self._node_path)
 
     def read_revocation(self) -> list[Tracked]:
         """What the node annotation says the agent was doing (empty when nothing or unreadable)."""

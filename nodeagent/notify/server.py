@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -70,8 +69,6 @@ class NoticeService(rpc.NoticesServicer):  # type: ignore[misc]
     def __init__(self, board: Board) -> None:
         self._board = board
         self._watchers: dict[PodUid, set[asyncio.Queue[pb.Notice]]] = {}
-        #: When each pod was last told, for the notify-latency metric.
-        self.told_at: dict[PodUid, datetime] = {}
 
     def watchers(self) -> int:
         return sum(len(queues) for queues in self._watchers.values())

@@ -76,6 +76,7 @@ def make_scene(
     *,
     extra: list[str] | None = None,
     env: dict[str, str] | None = None,
+    kubeconfig: str | None = None,
 ) -> Generator[Scene, None, None]:
     core = devcluster.core()
     spec = nodes.NodeSpec(count=1, gpus=8, prefix=f"agent-{provider}-{uuid.uuid4().hex[:6]}")
@@ -86,7 +87,7 @@ def make_scene(
         pods[name] = PodIdentity(namespace, name, created.metadata.uid)
     cloud = CLOUDS[provider](servers) if provider in CLOUDS else NoCloud(servers)
     agent = AgentProcess(
-        kubeconfig=devcluster.kubeconfig,
+        kubeconfig=kubeconfig or devcluster.kubeconfig,
         node=node,
         provider=provider,
         metadata_url=cloud.url,
@@ -645,3 +646,99 @@ def test_a_platform_event_on_a_pod_is_a_notice_for_that_pod(warned_scene: Scene)
         worker.close()
         bystander.close()
     assert taint(scene.node_object()) is None
+
+
+#: What the agent needs from the API server, and nothing more (the DaemonSet's ClusterRole).
+AGENT_RULES = [
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "patch", "delete"]},
+    {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "list"]},
+]
+
+
+@pytest.fixture
+def least_privilege_kubeconfig(
+    devcluster: Devcluster, namespace: str, tmp_path: Path
+) -> Iterator[str]:
+    """A service account bound to AGENT_RULES only, as a token kubeconfig."""
+    core = devcluster.core()
+    rbac = client.RbacAuthorizationV1Api(devcluster.api)
+    role = f"shoal-nodeagent-{namespace}"
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "nodeagent"}})
+    rbac.create_cluster_role({"metadata": {"name": role}, "rules": AGENT_RULES})
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": role},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": role,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "nodeagent", "namespace": namespace}],
+        }
+    )
+    request = client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
+    )
+    token = core.create_namespaced_service_account_token("nodeagent", namespace, request)
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "agent",
+        "contexts": [{"name": "agent", "context": {"cluster": "dev", "user": "agent"}}],
+        "clusters": [
+            {
+                "name": "dev",
+                "cluster": {
+                    "server": devcluster.handle.server,
+                    "certificate-authority": str(devcluster.handle.ca_cert),
+                },
+            }
+        ],
+        "users": [{"name": "agent", "user": {"token": token.status.token}}],
+    }
+    path = tmp_path / "agent.kubeconfig"
+    path.write_text(json.dumps(doc))
+    yield str(path)
+    rbac.delete_cluster_role_binding(role)
+    rbac.delete_cluster_role(role)
+
+
+def test_the_agent_works_with_a_token_and_only_its_documented_rbac(
+    devcluster: Devcluster,
+    namespace: str,
+    servers: metadata.Threaded,
+    tmp_path: Path,
+    least_privilege_kubeconfig: str,
+) -> None:
+    scenes = make_scene(
+        devcluster,
+        namespace,
+        servers,
+        tmp_path,
+        "aws",
+        extra=["--gpu", "off"],
+        kubeconfig=least_privilege_kubeconfig,
+    )
+    scene = next(scenes)
+    try:
+        worker = scene.worker("trainer-0")
+        try:
+            worker.next()
+            scene.cloud.post()
+            worker.until("leave")
+            assert worker.acknowledge(8) == "accepted"
+            eventually(lambda: disruption_target(scene.pod("trainer-0")), what="the eviction")
+        finally:
+            worker.close()
+        assert taint(scene.node_object()) is not None
+        assert events(scene.core, scene.namespace, "trainer-0", "LeaveBy")
+        refused = [
+            line
+            for line in scene.agent.log_lines()
+            if line.get("event") in ("action_failed", "event_not_recorded", "pods_unreadable")
+        ]
+        assert refused == []
+    finally:
+        scenes.close()
