@@ -197,7 +197,7 @@ class Result:
             "scheduling_cycles": self.cycles,
             "decision_ms_p50": _pct([d * 1000 for d in decisions], 50),
             "decision_ms_p99": _pct([d * 1000 for d in decisions], 99),
-            "spot_trace_nodes_without_a_spot_node": self.spot_nodes_unmapped,
+            "spot_joins_with_no_free_spot_node": self.spot_nodes_unmapped,
             "wall_seconds": round(self.wall_seconds, 2),
         }
 
@@ -276,25 +276,28 @@ class Simulation:
             for node in self.nodes.values():
                 if not node.spot:
                     self._push(0.0, "add", node.name)
-            mapping: dict[str, NodeName] = {}
-            added: dict[str, float] = {}
+            # The trace's instances come and go; each one that joins takes a spot node that is
+            # free at that moment (a slot), and gives it back when it is revoked. Instances that
+            # join while every slot is taken are counted and left out.
+            free = [n.name for n in spot_nodes]
+            holder: dict[str, tuple[NodeName, float]] = {}
             unmapped: set[str] = set()
             for event in spot:
-                if event.node not in mapping:
-                    if len(mapping) < len(spot_nodes):
-                        mapping[event.node] = spot_nodes[len(mapping)].name
-                    else:
+                if event.kind == "add":
+                    if event.node in holder:
+                        continue
+                    if not free:
                         unmapped.add(event.node)
                         continue
-                target = mapping[event.node]
-                if event.kind == "add":
-                    added[event.node] = event.time
+                    target = free.pop(0)
+                    holder[event.node] = (target, event.time)
                     self._push(event.time, "add", target)
-                elif event.node in added:
-                    since = added.pop(event.node)
+                elif event.node in holder:
+                    target, since = holder.pop(event.node)
                     notice_at = max(since, event.time - self.settings.notice_seconds)
                     self._push(notice_at, "notice", (target, event.time))
                     self._push(event.time, "remove", target)
+                    free.append(target)
             self.result.spot_nodes_unmapped = len(unmapped)
         for job in self.jobs.values():
             self._push(job.spec.submit, "arrive", job.spec.id)
@@ -396,9 +399,11 @@ class Simulation:
             job.bound_count += 1
             self.cache.set_pod(pod)
         job.changed()
-        if job.bound >= 2 and not job.rack_measured:
+        if job.spec.min_pods >= 2 and decision.min_count and not job.rack_measured:
             job.rack_measured = True
-            self._measure_rack(job, snapshot)
+            quorum = [a.node for a in decision.bindings[: decision.min_count]]
+            quorum += [p.node for p in decision.gang.bound if p.node is not None]
+            self._measure_rack(job, quorum, snapshot)
         if job.running and not was_running:
             job.origin = now
             if job.first_admit is None:
@@ -558,18 +563,15 @@ class Simulation:
                     self.result.multi_gpu_pods_island_possible += 1
             view = view.with_assignments([assignment])
 
-    def _measure_rack(self, job: _Job, snapshot: Snapshot) -> None:
-        """First time a gang has two or more members: are they in one rack, and could they be?"""
-        racks = {
-            self.nodes[p.node].labels.get(names.RACK_LABEL)
-            for p in job.pods.values()
-            if p.node is not None
-        }
+    def _measure_rack(self, job: _Job, quorum: list[NodeName], snapshot: Snapshot) -> None:
+        """When a gang's quorum (two or more members) is placed: is it in one rack, and could it
+        have been (some rack had room for the whole quorum on the snapshot the decision used)?"""
+        racks = {self.nodes[node].labels.get(names.RACK_LABEL) for node in quorum}
         self.result.gangs_admitted_multi += 1
         one_rack = len(racks) == 1
         if one_rack:
             self.result.gangs_one_rack += 1
-        need = job.bound * job.spec.pod_gpus
+        need = job.spec.min_pods * job.spec.pod_gpus
         free_by_rack: dict[str | None, int] = {}
         for name, state in snapshot.nodes.items():
             if name in self.live and not state.node.unschedulable:
