@@ -219,6 +219,7 @@ ALLOWED = [
     (AGENT_SA, "create", "pods", "eviction", "", None),
     (AGENT_SA, "list", "pods", "", "", None),
     (AGENT_SA, "create", "events", "", "", None),
+    (AGENT_SA, "list", "events", "", "", None),
 ]
 DENIED = [
     (account, verb, resource, sub, group, ns)

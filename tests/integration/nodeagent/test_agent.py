@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from aiohttp import web
 from kubernetes import client
 
@@ -648,13 +649,18 @@ def test_a_platform_event_on_a_pod_is_a_notice_for_that_pod(warned_scene: Scene)
     assert taint(scene.node_object()) is None
 
 
+def _installed_agent_rules() -> list[dict[str, Any]]:
+    """The rules of the ClusterRole that manifests/ installs for the agent, so this test proves
+    the shipped RBAC (not a copy of it) is enough."""
+    path = Path(__file__).resolve().parents[3] / "manifests" / "agent" / "rbac.yaml"
+    for doc in yaml.safe_load_all(path.read_text()):
+        if doc and doc["kind"] == "ClusterRole" and doc["metadata"]["name"] == "shoal-agent":
+            return list(doc["rules"])
+    raise AssertionError(f"no shoal-agent ClusterRole in {path}")
+
+
 #: What the agent needs from the API server, and nothing more (the DaemonSet's ClusterRole).
-AGENT_RULES = [
-    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "patch", "delete"]},
-    {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "list"]},
-]
+AGENT_RULES = _installed_agent_rules()
 
 
 @pytest.fixture
