@@ -74,6 +74,13 @@ def parser() -> argparse.ArgumentParser:
         default=float(env("SHOAL_SIM_HORIZON", "0")) or None,
         help="stop the clock after this many simulated seconds [env SHOAL_SIM_HORIZON]",
     )
+    p.add_argument(
+        "--spot-repeat",
+        action="store_true",
+        default=env("SHOAL_SIM_SPOT_REPEAT") == "1",
+        help="replay the spot trace back to back until the last job is submitted (spot traces "
+        "span hours, job traces weeks) [env SHOAL_SIM_SPOT_REPEAT=1]",
+    )
     return p
 
 
@@ -93,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         node_gpus = max(n.allocatable.gpu for n in nodes)
         jobs = inputs.load_jobs(args.jobs, node_gpus, limit=args.limit)
         spot = inputs.load_spot(args.spot_trace) if args.spot_trace else []
+        if spot and args.spot_repeat:
+            spot = inputs.repeat_spot(spot, until=jobs[-1].submit)
     except (OSError, inputs.InputError) as exc:
         print(f"simulate: {exc}", file=sys.stderr)
         return 2
@@ -139,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             "nodes": len(nodes),
             "limit": args.limit,
             "notice_seconds": args.notice,
+            "spot_repeat": args.spot_repeat,
             "checkpoint_interval": args.checkpoint_interval,
             "elastic_rule": "pod GPUs = min(G, GPUs per node); members n = ceil(G / pod GPUs); "
             "min = ceil(n / 2); max = n",

@@ -243,3 +243,30 @@ def load_spot(path: Path) -> list[SpotEvent]:
         events.append(SpotEvent(_float(parts[0], f"{path}:{n}") / 1000.0, parts[1], parts[2]))
     events.sort(key=lambda e: e.time)
     return events
+
+
+def repeat_spot(events: list[SpotEvent], *, until: float) -> list[SpotEvent]:
+    """The trace replayed back to back until ``until``; each replay's instances are distinct.
+
+    Instances still running at the end of one replay are revoked there, so every replay starts
+    from the trace's own initial state.
+    """
+    if not events:
+        return []
+    period = max(e.time for e in events) + 1.0
+    out: list[SpotEvent] = []
+    replay = 0
+    while replay * period <= until:
+        offset = replay * period
+        running: set[str] = set()
+        for e in events:
+            name = f"{e.node}#{replay}"
+            out.append(SpotEvent(e.time + offset, e.kind, name))
+            if e.kind == "add":
+                running.add(name)
+            else:
+                running.discard(name)
+        out.extend(SpotEvent(offset + period - 0.5, "remove", n) for n in sorted(running))
+        replay += 1
+    out.sort(key=lambda e: e.time)
+    return out

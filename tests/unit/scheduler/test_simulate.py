@@ -116,3 +116,22 @@ def test_bad_rows_name_the_file_and_line(tmp_path: Path) -> None:
     path.write_text("submit,duration,gpus\n0,100,8\n5,soon,2\n")
     with pytest.raises(inputs.InputError, match=r"jobs.csv:3: 'soon' is not a number"):
         inputs.load_jobs(path, node_gpus=8)
+
+
+def test_a_repeated_spot_trace_starts_each_replay_afresh() -> None:
+    trace = [
+        inputs.SpotEvent(0.0, "add", "node1"),
+        inputs.SpotEvent(0.0, "add", "node2"),
+        inputs.SpotEvent(100.0, "remove", "node1"),
+    ]
+    out = inputs.repeat_spot(trace, until=150.0)
+    assert [(e.time, e.kind, e.node) for e in out] == [
+        (0.0, "add", "node1#0"),
+        (0.0, "add", "node2#0"),
+        (100.0, "remove", "node1#0"),
+        (100.5, "remove", "node2#0"),
+        (101.0, "add", "node1#1"),
+        (101.0, "add", "node2#1"),
+        (201.0, "remove", "node1#1"),
+        (201.5, "remove", "node2#1"),
+    ]
