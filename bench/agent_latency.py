@@ -29,8 +29,6 @@ from nodeagent.testing import metadata
 from tests.integration.nodeagent.harness import (
     CLOUDS,
     AgentProcess,
-    Alibaba,
-    Aws,
     Worker,
     eventually,
     release,
@@ -81,10 +79,7 @@ def run_provider(
         worker.until("none")
         for _ in range(rounds):
             time.sleep(random.uniform(0.0, 1.0))  # a random phase against the poll  # noqa: S311
-            if isinstance(cloud, Aws | Alibaba):  # a fresh notice, not the withdrawn one again
-                cloud.time = time.strftime(
-                    "%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + cloud.lead.total_seconds())
-                )
+            cloud.renew()  # a fresh notice, not the withdrawn one again
             started = time.monotonic()
             cloud.post()
             worker.until("leave")

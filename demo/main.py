@@ -23,9 +23,9 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from demo import clouds
 from demo.scenario import Demo, ExpectationFailed, Options, summary_rows
 from devcluster import build
+from nodeagent.testing.clouds import CLOUDS
 
 
 def parser() -> argparse.ArgumentParser:
@@ -44,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--cloud",
-        choices=sorted(clouds.LEADS),
+        choices=sorted(CLOUDS),
         default=env("SHOAL_DEMO_CLOUD", "aws"),
         help="whose metadata protocol and notice to emulate [env SHOAL_DEMO_CLOUD] "
         "(default %(default)s)",

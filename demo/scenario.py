@@ -21,10 +21,10 @@ from typing import Any
 from kubernetes import client, config
 
 from contracts import names
-from demo.clouds import CloudNode
 from devcluster import cluster, nodes, process
 from nodeagent.client import NoticeClient, PodIdentity
 from nodeagent.testing import metadata
+from nodeagent.testing.clouds import CLOUDS, Azure, Cloud, Gcp
 
 NAMESPACE = "training"
 HIGH = "shoal-demo-urgent"
@@ -103,7 +103,7 @@ class Demo:
         self.node_pods: dict[str, list[str]] = {}
         self.procs: list[process.Proc] = []
         self.agents: dict[str, tuple[process.Proc, str]] = {}
-        self.clouds: dict[str, CloudNode] = {}
+        self.clouds: dict[str, Cloud] = {}
         self.servers = metadata.Threaded()
         self.handle: cluster.Cluster | None = None
         self.api: Any = None
@@ -191,7 +191,11 @@ class Demo:
 
     def start_agent(self, node: str) -> None:
         assert self.handle is not None
-        cloud = CloudNode(self.options.cloud, self.servers, node)
+        cloud = (
+            Azure(self.servers, vm_name=node)
+            if self.options.cloud == "azure"
+            else CLOUDS[self.options.cloud](self.servers)
+        )
         self.clouds[node] = cloud
         sock = str(self.options.out / "sockets" / f"{node}.sock")
         Path(sock).parent.mkdir(parents=True, exist_ok=True)
@@ -431,7 +435,7 @@ class Demo:
             return
         lead = 0.0
         for node in victims:
-            lead = self.clouds[node].post(self.options.compression)
+            lead = self.post_notice(self.clouds[node])
             self.node_state[node] = "revoking"
         self.say(
             f"spot revocation of {', '.join(victims)}: {self.options.cloud} notice with "
@@ -478,6 +482,15 @@ class Demo:
         if await self.until("every job to regrow to its maximum", lambda: self.at_max(names_), 180):
             self.say("every job regrown to its maximum")
         await asyncio.sleep(2)
+
+    def post_notice(self, cloud: Cloud) -> float:
+        """Publish a revocation with the cloud's documented lead, compressed; returns the lead.
+
+        GCP's preemption notice carries no time (the agent assumes its documented 30 s)."""
+        if not isinstance(cloud, Gcp):
+            cloud.renew(cloud.lead / self.options.compression)
+        cloud.post()
+        return cloud.lead.total_seconds()
 
     def pick_victims(self, count: int) -> list[str]:
         """Spot nodes running workers whose loss leaves every gang at or above its minimum."""

@@ -18,8 +18,6 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from email.utils import format_datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,7 +25,7 @@ import pytest
 
 from contracts import names
 from nodeagent.client import LeaveNotice, NoticeClient, NoticeRefused, PodIdentity
-from nodeagent.testing import metadata
+from nodeagent.testing.clouds import CLOUDS, Alibaba, Aws, Azure, Cloud, Gcp, NoCloud
 
 T = TypeVar("T")
 
@@ -263,127 +261,14 @@ def events(core: Any, namespace: str, name: str, reason: str) -> list[Any]:
     return [e for e in found.items if e.reason == reason]
 
 
-# --- clouds -----------------------------------------------------------------------------------
-
-
-class Cloud:
-    """Puts a notice with a deadline ``lead`` from now into a fake metadata server."""
-
-    name: str
-    #: The notice's lead time on this cloud (the agent caps leads at what the cloud documents).
-    lead: timedelta
-    server: Any
-
-    def __init__(self, servers: metadata.Threaded) -> None:
-        self.servers = servers
-
-    @property
-    def url(self) -> str:
-        return str(self.server.url)
-
-    def post(self) -> None:
-        raise NotImplementedError
-
-    def withdraw(self) -> None:
-        raise NotImplementedError
-
-    def acknowledged(self) -> bool:
-        return True
-
-
-def _rfc3339(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-class Aws(Cloud):
-    name = "aws"
-    lead = timedelta(minutes=2)
-
-    def __init__(self, servers: metadata.Threaded) -> None:
-        super().__init__(servers)
-        self.server = servers.start(metadata.AwsMetadata(v2_only=True))
-        self.time = _rfc3339(datetime.now(UTC) + self.lead)
-
-    def post(self) -> None:
-        action = {"action": "terminate", "time": self.time}
-        self.servers.call(lambda: setattr(self.server, "instance_action", action))
-
-    def withdraw(self) -> None:
-        self.servers.call(lambda: setattr(self.server, "instance_action", None))
-
-
-class Gcp(Cloud):
-    name = "gcp"
-    lead = timedelta(seconds=30)
-
-    def __init__(self, servers: metadata.Threaded) -> None:
-        super().__init__(servers)
-        self.server = servers.start(metadata.GcpMetadata())
-
-    def post(self) -> None:
-        self.servers.call(lambda: self.server.set("instance/preempted", "TRUE"))
-
-    def withdraw(self) -> None:
-        self.servers.call(lambda: self.server.set("instance/preempted", "FALSE"))
-
-
-class Azure(Cloud):
-    name = "azure"
-    lead = timedelta(seconds=30)
-
-    def __init__(self, servers: metadata.Threaded) -> None:
-        super().__init__(servers)
-        self.server = servers.start(metadata.AzureMetadata(vm_name="vm-itest"))
-        self.event_id = "602d9444-d2cd-49c7-8624-8643e7171297"
-
-    def post(self) -> None:
-        event = {
-            "EventId": self.event_id,
-            "EventType": "Preempt",
-            "ResourceType": "VirtualMachine",
-            "Resources": ["vm-itest"],
-            "EventStatus": "Scheduled",
-            "NotBefore": format_datetime(datetime.now(UTC) + self.lead, usegmt=True),
-            "Description": "Spot eviction",
-            "EventSource": "Platform",
-            "DurationInSeconds": -1,
-        }
-        self.servers.call(lambda: self.server.set_events([event]))
-
-    def withdraw(self) -> None:
-        self.servers.call(lambda: self.server.set_events([]))
-
-    def acknowledged(self) -> bool:
-        return self.servers.call(lambda: self.event_id in self.server.approved)
-
-
-class Alibaba(Cloud):
-    name = "alibaba"
-    lead = timedelta(minutes=5)
-
-    def __init__(self, servers: metadata.Threaded) -> None:
-        super().__init__(servers)
-        self.server = servers.start(metadata.AlibabaMetadata())
-        self.time = _rfc3339(datetime.now(UTC) + self.lead)
-
-    def post(self) -> None:
-        self.servers.call(lambda: setattr(self.server, "termination_time", self.time))
-
-    def withdraw(self) -> None:
-        self.servers.call(lambda: setattr(self.server, "termination_time", None))
-
-
-class NoCloud(Cloud):
-    """``--provider none``: no metadata server at all."""
-
-    name = "none"
-    lead = timedelta(0)
-
-    @property
-    def url(self) -> str:
-        return "http://127.0.0.1:9"
-
-
-CLOUDS: dict[str, type[Cloud]] = {"aws": Aws, "gcp": Gcp, "azure": Azure, "alibaba": Alibaba}
-
-__all__ = ["NoticeRefused", "PodIdentity"]
+__all__ = [
+    "CLOUDS",
+    "Alibaba",
+    "Aws",
+    "Azure",
+    "Cloud",
+    "Gcp",
+    "NoCloud",
+    "NoticeRefused",
+    "PodIdentity",
+]
