@@ -172,7 +172,9 @@ class Runner:
         for key in self.cache.expire(now):
             log.warning("assume_expired", pod=key)
         snapshot = self.cache.snapshot()
-        gangs, invalid = self._gangs.build(snapshot.pods.values(), snapshot.pod_groups)
+        gangs, invalid = self._gangs.build(
+            snapshot.pods.values(), snapshot.pod_groups, snapshot.members
+        )
         self._report_invalid(invalid)
         self.queue.prune(g.key for g in gangs)
         if now - self._last_status >= self.settings.status_interval:

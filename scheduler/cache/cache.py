@@ -8,8 +8,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from scheduler import topology
+from scheduler.gang.build import gang_of
 from scheduler.model import (
     Assignment,
+    GangKey,
     Node,
     NodeName,
     NodeState,
@@ -27,6 +29,10 @@ class Snapshot:
     nodes: Mapping[NodeName, NodeState]
     pods: Mapping[PodKey, PodRequest]
     pod_groups: Mapping[str, PodGroup]
+    #: ``pods`` grouped by gang (unordered, finished ones included); a group's tuple is the
+    #: same object from one snapshot to the next while none of its pods changed. ``None`` in
+    #: snapshots derived inside a cycle.
+    members: Mapping[GangKey, tuple[PodRequest, ...]] | None = None
 
     def with_assignments(self, assignments: Iterable[Assignment]) -> Snapshot:
         """The snapshot after binding ``assignments`` (used inside one cycle)."""
@@ -83,10 +89,18 @@ class Cache:
         self._assume_ttl = assume_ttl
         self._nodes: dict[NodeName, Node] = {}
         self._pods: dict[PodKey, PodRequest] = {}  # as the API server last told us
-        self._assumed: dict[PodKey, tuple[NodeName, float]] = {}  # node, deadline
+        # node, deadline, and the pod as assumed (the same object in every snapshot, so that
+        # consumers can tell "unchanged" by identity).
+        self._assumed: dict[PodKey, tuple[NodeName, float, PodRequest]] = {}
         self._on_node: dict[NodeName, dict[PodKey, PodRequest]] = {}
         self._states: dict[NodeName, NodeState] = {}
         self._groups: dict[str, PodGroup] = {}
+        # Pods as snapshots show them (assumed ones on their node), grouped by gang; the groups
+        # changed since the last snapshot are rebuilt then.
+        self._gang_of: dict[PodKey, GangKey] = {}
+        self._by_gang: dict[GangKey, dict[PodKey, PodRequest]] = {}
+        self._gang_tuples: dict[GangKey, tuple[PodRequest, ...]] = {}
+        self._dirty: set[GangKey] = set()
 
     # -- nodes ---------------------------------------------------------------------------------
     def set_node(self, node: Node) -> None:
@@ -109,12 +123,14 @@ class Cache:
     def set_pod(self, pod: PodRequest) -> None:
         with self._lock:
             self._set_pod(pod)
+            self._index(pod.key)
 
     def remove_pod(self, key: PodKey) -> None:
         with self._lock:
             self._detach(key)
             self._pods.pop(key, None)
             self._assumed.pop(key, None)
+            self._index(key)
 
     def replace_pods(self, pods: Iterable[PodRequest]) -> None:
         """After a relist: exactly these pods exist (assumed ones stay assumed if still there)."""
@@ -125,8 +141,10 @@ class Cache:
                     self._detach(key)
                     self._pods.pop(key)
                     self._assumed.pop(key, None)
+                    self._index(key)
             for pod in fresh.values():
                 self._set_pod(pod)
+                self._index(pod.key)
 
     def assume(self, assignments: Iterable[Assignment], now: float) -> None:
         with self._lock:
@@ -135,8 +153,10 @@ class Cache:
                 if pod is None or pod.node is not None:
                     continue
                 self._detach(a.pod)
-                self._assumed[a.pod] = (a.node, now + self._assume_ttl)
-                self._attach(dataclasses.replace(pod, node=a.node))
+                placed = dataclasses.replace(pod, node=a.node)
+                self._assumed[a.pod] = (a.node, now + self._assume_ttl, placed)
+                self._attach(placed)
+                self._index(a.pod)
 
     def forget(self, key: PodKey) -> None:
         """Undo an assume (the binding failed); a pod already seen bound is left alone."""
@@ -146,14 +166,14 @@ class Cache:
     def expire(self, now: float) -> list[PodKey]:
         """Forget assumptions that no watch event confirmed before their deadline."""
         with self._lock:
-            stale = [k for k, (_, deadline) in self._assumed.items() if deadline <= now]
+            stale = [k for k, (_, deadline, _) in self._assumed.items() if deadline <= now]
             for key in stale:
                 self._forget(key)
             return stale
 
     def assumed(self) -> dict[PodKey, NodeName]:
         with self._lock:
-            return {k: node for k, (node, _) in self._assumed.items()}
+            return {k: node for k, (node, _, _) in self._assumed.items()}
 
     # -- pod groups ----------------------------------------------------------------------------
     def set_pod_group(self, group: PodGroup) -> None:
@@ -175,10 +195,17 @@ class Cache:
                 if name not in self._states:
                     self._states[name] = self._state(node)
             pods = dict(self._pods)
-            for key, (target, _) in self._assumed.items():
+            for key, (_, _, placed) in self._assumed.items():
                 if key in pods:
-                    pods[key] = dataclasses.replace(pods[key], node=target)
-            return Snapshot(dict(self._states), pods, dict(self._groups))
+                    pods[key] = placed
+            for gang in self._dirty:
+                members = self._by_gang.get(gang)
+                if members:
+                    self._gang_tuples[gang] = tuple(members.values())
+                else:
+                    self._gang_tuples.pop(gang, None)
+            self._dirty.clear()
+            return Snapshot(dict(self._states), pods, dict(self._groups), dict(self._gang_tuples))
 
     # -- internals (lock held) -----------------------------------------------------------------
     def _forget(self, key: PodKey) -> None:
@@ -189,6 +216,7 @@ class Cache:
         pod = self._pods.get(key)
         if pod is not None:
             self._attach(pod)
+        self._index(key)
 
     def _set_pod(self, pod: PodRequest) -> None:
         self._detach(pod.key)
@@ -196,7 +224,9 @@ class Cache:
         assumed = self._assumed.get(pod.key)
         if assumed is not None and pod.node is None and not pod.finished:
             # Still in flight: keep charging the assumed node with the fresh pod object.
-            self._attach(dataclasses.replace(pod, node=assumed[0]))
+            placed = dataclasses.replace(pod, node=assumed[0])
+            self._assumed[pod.key] = (assumed[0], assumed[1], placed)
+            self._attach(placed)
             return
         self._assumed.pop(pod.key, None)
         self._attach(pod)
@@ -213,6 +243,26 @@ class Cache:
             if node is not None and key in self._on_node.get(node, {}):
                 del self._on_node[node][key]
                 self._states.pop(node, None)
+
+    def _index(self, key: PodKey) -> None:
+        """File the pod ``key`` (as snapshots show it) under its gang, after any change."""
+        old = self._gang_of.pop(key, None)
+        if old is not None:
+            members = self._by_gang.get(old)
+            if members is not None:
+                members.pop(key, None)
+                if not members:
+                    del self._by_gang[old]
+            self._dirty.add(old)
+        pod = self._pods.get(key)
+        if pod is None:
+            return
+        assumed = self._assumed.get(key)
+        shown = assumed[2] if assumed is not None else pod
+        gang = gang_of(shown)[0]
+        self._gang_of[key] = gang
+        self._by_gang.setdefault(gang, {})[key] = shown
+        self._dirty.add(gang)
 
     def _state(self, node: Node) -> NodeState:
         return node_state(node, self._on_node.get(node.name, {}).values())

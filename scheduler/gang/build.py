@@ -47,51 +47,74 @@ def build_gangs(
 
 class GangBuilder:
     """``build_gangs`` that remembers its results: a gang whose member objects and PodGroup are
-    the very same objects as last time is not rebuilt (cycles differ by a few pods)."""
+    the very same objects as last time is not rebuilt (cycles differ by a few pods).
+
+    Given the members already grouped by gang (``Snapshot.members``, kept up to date by the
+    cache as pods change), a cycle costs one identity check per gang instead of a pass over
+    every pod.
+    """
 
     def __init__(self, scheduler_name: str) -> None:
         self.scheduler_name = scheduler_name
-        self._memo: dict[GangKey, tuple[tuple[PodRequest, ...], object, Gang | InvalidGang]] = {}
+        self._memo: dict[
+            GangKey, tuple[Sequence[PodRequest], object, Gang | InvalidGang | None]
+        ] = {}
 
     def build(
-        self, pods: Iterable[PodRequest], pod_groups: Mapping[str, PodGroup]
+        self,
+        pods: Iterable[PodRequest],
+        pod_groups: Mapping[str, PodGroup],
+        grouped: Mapping[GangKey, Sequence[PodRequest]] | None = None,
     ) -> tuple[list[Gang], list[InvalidGang]]:
-        members: dict[GangKey, list[PodRequest]] = defaultdict(list)
-        source: dict[GangKey, str | None] = {}
-        for pod in pods:
-            if pod.finished:
-                continue
-            key, group = gang_of(pod)
-            members[key].append(pod)
-            source[key] = group
+        if grouped is None:
+            by_key: dict[GangKey, list[PodRequest]] = defaultdict(list)
+            for pod in pods:
+                by_key[gang_of(pod)[0]].append(pod)
+            grouped = by_key
 
         gangs: list[Gang] = []
         invalid: list[InvalidGang] = []
-        memo: dict[GangKey, tuple[tuple[PodRequest, ...], object, Gang | InvalidGang]] = {}
-        for key, pods_of_gang in members.items():
-            if not any(p.scheduler_name == self.scheduler_name for p in pods_of_gang):
+        memo: dict[GangKey, tuple[Sequence[PodRequest], object, Gang | InvalidGang | None]] = {}
+        for key, members in grouped.items():
+            if not members:
                 continue
-            pods_of_gang.sort(key=lambda p: (p.created, p.name))
-            ordered = tuple(pods_of_gang)
-            ref = source[key]
+            ref = gang_of(members[0])[1]
             group_obj = pod_groups.get(ref) if ref is not None else None
             old = self._memo.get(key)
             if (
                 old is not None
                 and old[1] is group_obj
-                and len(old[0]) == len(ordered)
-                and all(a is b for a, b in zip(old[0], ordered, strict=True))
+                and (
+                    old[0] is members
+                    or (
+                        len(old[0]) == len(members)
+                        and all(a is b for a, b in zip(old[0], members, strict=True))
+                    )
+                )
             ):
                 result = old[2]
             else:
-                result = _one(key, ordered, ref, pod_groups, self.scheduler_name)
-            memo[key] = (ordered, group_obj, result)
+                result = self._one(key, members, ref, pod_groups)
+            memo[key] = (members, group_obj, result)
             if isinstance(result, Gang):
                 gangs.append(result)
-            else:
+            elif result is not None:
                 invalid.append(result)
         self._memo = memo
         return gangs, invalid
+
+    def _one(
+        self,
+        key: GangKey,
+        members: Sequence[PodRequest],
+        ref: str | None,
+        pod_groups: Mapping[str, PodGroup],
+    ) -> Gang | InvalidGang | None:
+        live = [p for p in members if not p.finished]
+        if not any(p.scheduler_name == self.scheduler_name for p in live):
+            return None
+        live.sort(key=lambda p: (p.created, p.name))
+        return _one(key, tuple(live), ref, pod_groups, self.scheduler_name)
 
 
 def _one(

@@ -10,10 +10,10 @@ what is still free and are re-run as a placement search fills nodes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 from contracts import names
-from scheduler.model import NodeState, PodRequest, Resources, TaintEffect
+from scheduler.model import Node, NodeName, NodeState, PodRequest, Resources, TaintEffect
 
 Filter = Callable[[PodRequest, NodeState], str | None]
 
@@ -85,3 +85,29 @@ def first_failure(pod: PodRequest, state: NodeState) -> str | None:
         if reason is not None:
             return reason
     return None
+
+
+def first_static_failure(pod: PodRequest, state: NodeState) -> str | None:
+    for check in STATIC_FILTERS:
+        reason = check(pod, state)
+        if reason is not None:
+            return reason
+    return None
+
+
+# Static verdicts per (pod constraints, node), valid while the node object is the same one: the
+# cache keeps a Node object until the node changes, so a cycle re-runs only the resource filter
+# on nodes nobody touched. Bounded: cleared when it holds too many pod shapes.
+_STATIC: dict[Hashable, dict[NodeName, tuple[Node, str | None]]] = {}
+_STATIC_SHAPES = 256
+
+
+def static_verdicts(constraints: Hashable) -> dict[NodeName, tuple[Node, str | None]]:
+    """The memo of static-filter verdicts for pods with these scheduling ``constraints``
+    (selector, affinity, tolerations); pure functions of (constraints, node object)."""
+    memo = _STATIC.get(constraints)
+    if memo is None:
+        if len(_STATIC) >= _STATIC_SHAPES:
+            _STATIC.clear()
+        memo = _STATIC[constraints] = {}
+    return memo

@@ -1,6 +1,7 @@
 """Gang placement search: a node for every pod asked for, or none at all.
 
-``place`` is pure. It filters nodes per distinct pod shape, then looks for the narrowest topology
+``place`` is pure (the static filters' verdicts are memoised per node object, which changes
+nothing it returns). It filters nodes per distinct pod shape, then looks for the narrowest topology
 domain that holds every pod: first a single value of the narrowest configured label (a rack),
 then wider ones (block, zone, region), and only then the whole cluster, where members stick to
 the racks already chosen. ``shoal.dev/topology-required`` turns that into a hard constraint: one
@@ -71,9 +72,17 @@ def place(request: Request, nodes: Mapping[NodeName, NodeState]) -> Placement | 
         if shape not in by_shape:
             fits: list[NodeName] = []
             reasons: Counter[str] = Counter()
+            static = filters.static_verdicts(shape[1:])
             for name in sorted(nodes):
                 state = nodes[name]
-                reason = filters.first_failure(pod, state)
+                known = static.get(name)
+                if known is not None and known[0] is state.node:
+                    reason = known[1]
+                else:
+                    reason = filters.first_static_failure(pod, state)
+                    static[name] = (state.node, reason)
+                if reason is None:
+                    reason = filters.resources(pod, state)
                 if reason is None:
                     fits.append(name)
                 else:

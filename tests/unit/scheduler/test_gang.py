@@ -8,9 +8,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contracts import names
-from scheduler.gang import CountError, build_gangs, parse_count
-from scheduler.model import Gang, InvalidGang, PodPhase
-from tests.unit.scheduler.builders import SCHED, group, pod
+from scheduler.cache import Cache
+from scheduler.gang import CountError, GangBuilder, build_gangs, parse_count
+from scheduler.model import Assignment, Gang, GangKey, InvalidGang, NodeName, PodKey, PodPhase
+from tests.unit.scheduler.builders import SCHED, group, node, pod
 
 
 @given(st.integers(min_value=1, max_value=1_000_000))
@@ -132,3 +133,38 @@ def test_every_label_gang_is_valid_with_min_le_max_or_invalid_with_a_message(
         assert 1 <= gang.min_member <= gang.max_member
     for bad in invalid:
         assert bad.message
+
+
+def test_the_cache_groups_members_so_unchanged_gangs_are_not_rebuilt() -> None:
+    cache = Cache()
+    cache.set_node(node("n0"))
+    for g in ("a", "b"):
+        for i in range(2):
+            cache.set_pod(pod(f"{g}{i}", gang=g, min_member="2"))
+    builder = GangBuilder(SCHED)
+    first = cache.snapshot()
+    assert first.members is not None
+    assert sorted(first.members) == ["ns/a", "ns/b"]
+    gangs, _ = builder.build(first.pods.values(), first.pod_groups, first.members)
+    before = {g.key: g for g in gangs}
+
+    cache.assume([Assignment(PodKey("ns/a0"), NodeName("n0"))], now=0.0)
+    second = cache.snapshot()
+    assert second.members is not None
+    a, b = GangKey("ns/a"), GangKey("ns/b")
+    assert second.members[b] is first.members[b]
+    gangs, _ = builder.build(second.pods.values(), second.pod_groups, second.members)
+    after = {g.key: g for g in gangs}
+    assert after[b] is before[b]  # untouched: reused as is
+    assert [p.name for p in after[a].bound] == ["a0"]  # the assumed member shows bound
+    # The grouped path and a pass over every pod agree.
+    plain, _ = GangBuilder(SCHED).build(second.pods.values(), second.pod_groups)
+    assert {g.key: (g.min_member, len(g.bound)) for g in plain} == {
+        g.key: (g.min_member, len(g.bound)) for g in after.values()
+    }
+
+    cache.remove_pod(PodKey("ns/b0"))
+    cache.remove_pod(PodKey("ns/b1"))
+    third = cache.snapshot()
+    assert third.members is not None
+    assert "ns/b" not in third.members
