@@ -32,6 +32,8 @@ TARGETS: Final = (
     ),
     Target("kube-scheduler", "kubernetes", "k8s.io/kubernetes/cmd/kube-scheduler"),
     Target("kubectl", "kubernetes", "k8s.io/kubernetes/cmd/kubectl"),
+    # The ceiling in bench/compare.py: round-robin bindings, no decisions.
+    Target("bench-binder", "kubernetes", "./binder"),
 )
 
 
