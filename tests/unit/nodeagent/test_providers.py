@@ -410,3 +410,23 @@ async def test_maintenance_dates_out_of_range_are_bad_bodies(
     with pytest.raises(BadBody, match="NotBefore"):
         await provider.maintenance()
     await provider.aclose()
+
+
+async def test_an_action_or_event_type_that_is_not_a_string_is_a_bad_body(
+    aws: AwsMetadata,
+) -> None:
+    # A list here was a TypeError out of the parser ("provider crashed" in the log, with a
+    # traceback), not a bad answer from the metadata server.
+    provider = aws_provider(aws)
+    aws.instance_action = {"action": [], "time": "2026-11-30T10:02:00Z"}  # type: ignore[dict-item]
+    with pytest.raises(BadBody, match="action"):
+        await provider.spot()
+    await provider.aclose()
+    server = AzureMetadata()
+    await server.start()
+    server.set_events([azure_event("X-1", [], ["vm-0"])])  # type: ignore[arg-type]
+    azure = AzureProvider(settings=fast(server.url), clock=lambda: NOW)
+    with pytest.raises(BadBody, match="EventType"):
+        await azure.events()
+    await azure.aclose()
+    await server.close()
