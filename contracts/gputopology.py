@@ -202,7 +202,7 @@ def _gpu(position: int, raw: object) -> Gpu:
     if not isinstance(uuid, str) or not uuid:
         raise TopologyError(f"{where}.uuid: must be a non-empty string")
     health = raw.get("health", "healthy")
-    if health not in HEALTH_VALUES:
+    if not isinstance(health, str) or health not in HEALTH_VALUES:
         raise TopologyError(f"{where}.health: must be one of {sorted(HEALTH_VALUES)}")
     return Gpu(
         index=_int(raw.get("index"), f"{where}.index"),

@@ -38,13 +38,19 @@ def _truthy(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+MAX_SECONDS = 7 * 24 * 3600.0
+
+
 def _positive(text: str) -> float:
     try:
         value = float(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from exc
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    # Finite and at most a week: every value here becomes a timedelta or a sleep.
+    if not 0 < value <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of seconds above 0 and at most {MAX_SECONDS:g}, got {text!r}"
+        )
     return value
 
 

@@ -162,12 +162,31 @@ def rfc3339(moment: datetime) -> str:
     return utc(moment).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+#: The times the agent believes. Clouds and the agent itself write times close to now; a time
+#: outside these bounds is garbage, and near the ends of ``datetime``'s range the store's
+#: margin arithmetic (``deadline - evict_margin``) would overflow.
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+
+
+def in_range(moment: datetime, text: object) -> datetime:
+    """``moment`` when it lies between :data:`EARLIEST` and :data:`LATEST`; else ``ValueError``."""
+    if not EARLIEST <= moment < LATEST:
+        raise ValueError(f"time out of range ({EARLIEST.year} to {LATEST.year}): {text!r}")
+    return moment
+
+
 def parse_rfc3339(text: str) -> datetime:
-    """Parse an RFC 3339 / ISO 8601 time; raises ``ValueError`` for anything else."""
+    """Parse an RFC 3339 / ISO 8601 time between :data:`EARLIEST` and :data:`LATEST`; raises
+    ``ValueError`` for anything else."""
     value = text.strip()
     if value.endswith(("Z", "z")):
         value = value[:-1] + "+00:00"
     parsed = datetime.fromisoformat(value)
     if parsed.tzinfo is None:
         raise ValueError(f"time without a zone: {text!r}")
-    return parsed.astimezone(UTC)
+    try:
+        moment = parsed.astimezone(UTC)
+    except OverflowError as exc:
+        raise ValueError(f"time out of range: {text!r}") from exc
+    return in_range(moment, text)

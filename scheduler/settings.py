@@ -8,6 +8,7 @@ of the three places) is a :class:`SettingsError` naming the option and where it 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,11 +53,35 @@ def _bool(text: str) -> bool:
     raise ValueError(f"expected true or false, got {text!r}")
 
 
+def _whole(minimum: int, maximum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if not minimum <= value <= maximum:
+            raise ValueError(f"expected a whole number from {minimum} to {maximum}, got {value}")
+        return value
+
+    return parse
+
+
+def _number(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = _number(text)
+    if not 0 <= value <= 7 * 24 * 3600:
+        raise ValueError(f"expected seconds from 0 to one week, got {text!r}")
+    return value
+
+
 OPTIONS: tuple[Option, ...] = (
     Option("scheduler-name", names.SCHEDULER_NAME, str, "pods with this spec.schedulerName"),
-    Option("qps", 200.0, float, "client-side API rate limit, requests/s (<= 0: none)"),
-    Option("burst", 400, int, "client-side API burst"),
-    Option("bind-workers", 16, int, "concurrent pods/binding requests"),
+    Option("qps", 200.0, _number, "client-side API rate limit, requests/s (<= 0: none)"),
+    Option("burst", 400, _whole(1, 1_000_000), "client-side API burst"),
+    Option("bind-workers", 16, _whole(1, 1024), "concurrent pods/binding requests"),
     Option(
         "topology-keys",
         names.DEFAULT_TOPOLOGY_KEYS,
@@ -64,12 +89,17 @@ OPTIONS: tuple[Option, ...] = (
         "node label keys of the cross-node topology, widest first, comma-separated",
     ),
     Option("http-host", "0.0.0.0", str, "address of /healthz, /readyz, /metrics"),  # noqa: S104
-    Option("http-port", 10260, int, "port of /healthz, /readyz, /metrics (0: any free port)"),
-    Option("max-backoff", 10.0, float, "longest wait, in seconds, before retrying a gang"),
+    Option(
+        "http-port",
+        10260,
+        _whole(0, 65535),
+        "port of /healthz, /readyz, /metrics (0: any free port)",
+    ),
+    Option("max-backoff", 10.0, _seconds, "longest wait, in seconds, before retrying a gang"),
     Option(
         "reclaim-grace",
         30.0,
-        float,
+        _seconds,
         "seconds between asking a reclaimed pod to leave (shoal.dev/leave-by) and evicting it",
     ),
     Option("reclaim", True, _bool, "reclaim surplus and lower-priority gangs for waiting gangs"),

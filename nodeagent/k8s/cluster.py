@@ -84,7 +84,10 @@ def encode_revocation(tracked: Sequence[Tracked]) -> str:
 
 def decode_revocation(text: str) -> list[Tracked]:
     """Parse what :func:`encode_revocation` wrote; raises ``ValueError`` naming the field."""
-    doc = json.loads(text)
+    try:
+        doc = json.loads(text)
+    except RecursionError as exc:  # a JSON value nested thousands deep
+        raise ValueError("not JSON: nested too deep") from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("notices"), list):
         raise ValueError("notices: missing")
     tracked: list[Tracked] = []

@@ -91,10 +91,10 @@ class AwsProvider:
         if resp.status != 200:
             raise unexpected(resp, where)
         doc = json_body(resp, where)
-        if not isinstance(doc, dict) or doc.get("action") not in _ACTIONS:
+        action = doc.get("action") if isinstance(doc, dict) else None
+        if not isinstance(action, str) or action not in _ACTIONS:
             raise BadBody(f"{where}: expected {{action, time}}, got {resp.body[:80]!r}")
         stated = rfc3339_field(doc.get("time"), f"{where}.time")
-        action = str(doc["action"])
         return [
             Notice(
                 event_id=EventId(f"aws-spot-{digest(action, resp.body.strip())}"),

@@ -99,7 +99,7 @@ class AzureProvider:
             event_id, event_type = event.get("EventId"), event.get("EventType")
             if not isinstance(event_id, str) or not event_id:
                 raise BadBody(f"{at}.EventId: expected a string")
-            if event_type not in _TYPES:
+            if not isinstance(event_type, str) or event_type not in _TYPES:
                 raise BadBody(f"{at}.EventType: unknown {event_type!r}")
             resources = event.get("Resources") or []
             if not isinstance(resources, list):
@@ -108,7 +108,7 @@ class AzureProvider:
                 continue
             not_before = event.get("NotBefore") or ""
             deadline = now if not not_before else http_date_field(not_before, f"{at}.NotBefore")
-            kind, disruptive = _TYPES[str(event_type)]
+            kind, disruptive = _TYPES[event_type]
             notices.append(
                 Notice(
                     event_id=EventId(f"azure-{event_id}"),

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from nodeagent.events import parse_rfc3339
+from nodeagent.events import in_range, parse_rfc3339
 from nodeagent.providers.base import BadBody, BadStatus, Http, Response, Unreachable
 
 
@@ -45,7 +45,7 @@ def rfc3339_field(value: object, where: str) -> datetime:
     try:
         return parse_rfc3339(value)
     except ValueError as exc:
-        raise BadBody(f"{where}: expected an RFC 3339 time, got {value!r}") from exc
+        raise BadBody(f"{where}: expected an RFC 3339 time, got {value!r}: {exc}") from exc
 
 
 def http_date_field(value: object, where: str) -> datetime:
@@ -54,11 +54,11 @@ def http_date_field(value: object, where: str) -> datetime:
         raise BadBody(f"{where}: expected a date, got {value!r}")
     try:
         parsed = parsedate_to_datetime(value.strip())
-    except (TypeError, ValueError) as exc:
-        raise BadBody(f"{where}: expected a date, got {value!r}") from exc
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return parsed.astimezone(UTC)
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)
+        return in_range(parsed.astimezone(UTC), value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise BadBody(f"{where}: expected a date, got {value!r}: {exc}") from exc
 
 
 def unexpected(resp: Response, where: str) -> BadStatus:

@@ -28,7 +28,21 @@ T = TypeVar("T")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 #: Faults a test can queue: each replaces one answer (token calls excepted).
-FAULTS = ("503", "500", "garbage", "oversize", "html", "truncated-json", "slow")
+#: ``huge``: 10 MB streamed without a Content-Length; ``hang``: never answers (until the server
+#: closes); ``wrong-type``: a well-formed spot document served as an HTML page.
+FAULTS = (
+    "503",
+    "500",
+    "garbage",
+    "oversize",
+    "html",
+    "truncated-json",
+    "slow",
+    "huge",
+    "hang",
+    "wrong-type",
+)
+HUGE_BYTES = 10 * 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -53,9 +67,24 @@ def _fault_response(fault: str) -> web.StreamResponse:
         return web.Response(body=secrets.token_bytes(64), content_type="application/octet-stream")
     if fault == "oversize":
         return web.Response(text="[" + "0," * 200_000 + "0]", content_type="text/plain")
+    if fault == "wrong-type":
+        doc = {"action": "terminate", "time": "2026-11-30T10:02:00Z"}
+        return web.Response(text=json.dumps(doc), content_type="text/html")
     if fault == "html":
         return web.Response(text="<html><body>proxy error</body></html>", content_type="text/html")
     return web.Response(text='{"action": "termin', content_type="text/plain")
+
+
+async def _huge(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/plain"})
+    resp.enable_chunked_encoding()
+    await resp.prepare(request)
+    chunk = b"0" * (64 * 1024)
+    with contextlib.suppress(ConnectionError):
+        for _ in range(HUGE_BYTES // len(chunk)):
+            await resp.write(chunk)
+        await resp.write_eof()
+    return resp
 
 
 class _Server:
@@ -86,6 +115,10 @@ class _Server:
             self.faults.served += 1
             if fault == "slow":
                 await asyncio.sleep(self.faults.slow_seconds)
+            elif fault == "hang":
+                await asyncio.Event().wait()
+            elif fault == "huge":
+                return await _huge(request)
             else:
                 return _fault_response(fault)
         return await handler(request)

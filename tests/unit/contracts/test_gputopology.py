@@ -91,3 +91,13 @@ def test_arbitrary_text_is_refused_cleanly_or_parsed(text: str) -> None:
 def test_oversized_document_refused_before_parsing() -> None:
     with pytest.raises(TopologyError, match="larger than"):
         gputopology.decode(" " * (gputopology.MAX_DOCUMENT_BYTES + 1))
+
+
+@pytest.mark.parametrize("health", [[], {}, ["failed"]])
+def test_a_health_that_is_not_a_string_names_the_field(health: object) -> None:
+    # An unhashable health was a TypeError, which the scheduler's node conversion (it expects
+    # a TopologyError) did not catch.
+    doc = json.loads(gputopology.encode(gputopology.uniform(4, 4)))
+    doc["gpus"][1]["health"] = health
+    with pytest.raises(TopologyError, match=re.escape("gpus[1].health")):
+        gputopology.decode(json.dumps(doc))

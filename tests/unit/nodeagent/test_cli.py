@@ -44,3 +44,13 @@ def test_bad_values_name_the_flag(
         cli.parser().parse_args(["--node-name", "n", *argv])
     assert exited.value.code == 2
     assert flag in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["inf", "1e300", "604801"])
+def test_seconds_beyond_a_week_are_refused(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # These used to pass, then crash the agent at start (timedelta overflow) or make it sleep
+    # for ever between metadata reads.
+    with pytest.raises(SystemExit) as exited:
+        cli.parser().parse_args(["--node-name", "n", "--evict-margin", value])
+    assert exited.value.code == 2
+    assert "--evict-margin" in capsys.readouterr().err

@@ -85,3 +85,27 @@ def test_pod_condition_rules(rule: str, condition: dict[str, str], matched: bool
 def test_bad_condition_rules_are_refused(text: str) -> None:
     with pytest.raises(ValueError, match="Type=Status"):
         ConditionRule.parse(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # Someone edited the annotation: a deadline at the very start of the calendar.
+        json.dumps(
+            {
+                "notices": [
+                    {
+                        **json.loads(encode_revocation([tracked("azure-A", 1)]))["notices"][0],
+                        "deadline": "0001-01-01T00:00:00+01:00",
+                    }
+                ]
+            }
+        ),
+        "[" * 100_000,
+    ],
+    ids=["year-one", "nested"],
+)
+def test_a_damaged_annotation_is_a_value_error_not_a_crash(text: str) -> None:
+    # Anything else made the restore step fail and retry for ever: the agent never got ready.
+    with pytest.raises(ValueError, match=r"notices|JSON"):
+        decode_revocation(text)

@@ -15,7 +15,7 @@ from nodeagent.providers import HttpSettings, ProviderError
 from nodeagent.providers.alibaba import AlibabaProvider
 from nodeagent.providers.aws import AwsProvider
 from nodeagent.providers.azure import AzureProvider
-from nodeagent.providers.base import Http
+from nodeagent.providers.base import BadBody, Http
 from nodeagent.providers.common import SessionToken
 from nodeagent.providers.gcp import GcpProvider
 from nodeagent.testing.metadata import (
@@ -373,4 +373,60 @@ async def test_alibaba_termination_time(hardened: bool) -> None:
     with pytest.raises(ProviderError):
         await provider.termination()
     await provider.aclose()
+    await server.close()
+
+
+# --- Times at the ends of the calendar ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "stated", ["0001-01-01T00:00:00Z", "0001-01-01T00:30:00+01:00", "9999-12-31T23:59:59Z"]
+)
+async def test_aws_times_at_the_ends_of_the_calendar_are_bad_bodies(
+    aws: AwsMetadata, stated: str
+) -> None:
+    # Year 1 once reached the store, where "deadline - evict margin" overflowed in every
+    # reconcile; a rebalance at year 9999 overflowed when its lead was added.
+    provider = aws_provider(aws)
+    aws.instance_action = {"action": "terminate", "time": stated}
+    aws.rebalance = {"noticeTime": stated}
+    with pytest.raises(BadBody, match="out of range"):
+        await provider.spot()
+    with pytest.raises(BadBody, match="out of range"):
+        await provider.rebalance()
+    await provider.aclose()
+
+
+@pytest.mark.parametrize(
+    "not_before", ["1 Jan 99999999999999999999 00:00:00 GMT", "Mon, 1 Jan 1900 00:00:00 GMT"]
+)
+async def test_maintenance_dates_out_of_range_are_bad_bodies(
+    aws: AwsMetadata, not_before: str
+) -> None:
+    provider = aws_provider(aws)
+    aws.maintenance = [
+        {"Code": "system-reboot", "EventId": "e-1", "NotBefore": not_before, "State": "active"}
+    ]
+    with pytest.raises(BadBody, match="NotBefore"):
+        await provider.maintenance()
+    await provider.aclose()
+
+
+async def test_an_action_or_event_type_that_is_not_a_string_is_a_bad_body(
+    aws: AwsMetadata,
+) -> None:
+    # A list here was a TypeError out of the parser ("provider crashed" in the log, with a
+    # traceback), not a bad answer from the metadata server.
+    provider = aws_provider(aws)
+    aws.instance_action = {"action": [], "time": "2026-11-30T10:02:00Z"}  # type: ignore[dict-item]
+    with pytest.raises(BadBody, match="action"):
+        await provider.spot()
+    await provider.aclose()
+    server = AzureMetadata()
+    await server.start()
+    server.set_events([azure_event("X-1", [], ["vm-0"])])  # type: ignore[arg-type]
+    azure = AzureProvider(settings=fast(server.url), clock=lambda: NOW)
+    with pytest.raises(BadBody, match="EventType"):
+        await azure.events()
+    await azure.aclose()
     await server.close()

@@ -128,3 +128,23 @@ def test_wrong_settings_name_the_option_and_where_it_came_from(tmp_path: Path) -
     conf.write_text("bind_wrokers: 3\n")
     with pytest.raises(SettingsError, match="unknown option 'bind_wrokers'"):
         resolve(["--config", str(conf)], {})
+
+
+@pytest.mark.parametrize(
+    ("line", "option"),
+    [
+        ("bind-workers: -3", "bind-workers"),  # used to crash the thread pool at start
+        ("http-port: 70000", "http-port"),  # used to crash the HTTP server at start
+        ("burst: 0", "burst"),
+        ("qps: .inf", "qps"),
+        ("max-backoff: .nan", "max-backoff"),  # NaN backoffs never expire
+        ("reclaim-grace: -1", "reclaim-grace"),
+    ],
+)
+def test_out_of_range_settings_are_refused_before_the_scheduler_starts(
+    tmp_path: Path, line: str, option: str
+) -> None:
+    conf = tmp_path / "scheduler.yaml"
+    conf.write_text(line + "\n")
+    with pytest.raises(SettingsError, match=f"{conf}: {option}"):
+        resolve(["--config", str(conf)], {})
