@@ -9,7 +9,8 @@ running, starts (or resumes) it, and measures until every pod is bound:
 - gang time-to-bound p50/p99: per gang, its last member's binding minus the scheduler's start;
 - CPU seconds and peak resident memory of the scheduler process;
 - the ratio Shoal / kube-scheduler and each one's share of the ceiling the trivial binder sets
-  (round-robin binds, no decisions, the same client QPS/burst).
+  (``bench-binder``, a client-go program built with the devcluster: round-robin binds, no
+  decisions, the same client QPS/burst, protobuf like kube-scheduler).
 
 Workloads: ``pods`` — 10,000 single pods (100m CPU, no GPU); ``gangs8`` — 1,000 gangs of 8
 one-GPU pods; ``gangs64`` — 100 gangs of 64 one-GPU pods. The stock scheduler has no gang
@@ -22,7 +23,6 @@ burst. Prints a table and writes JSON; it is a measurement, not a test.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import signal
@@ -181,9 +181,7 @@ def run_one(
             ]
             if kind == "shoal"
             else [
-                sys.executable,
-                __file__,
-                "binder",
+                str(args.bin_dir / "bench-binder"),
                 "--kubeconfig",
                 str(handle.kubeconfig),
                 "--namespace",
@@ -199,11 +197,16 @@ def run_one(
         cpu0 = 0.0
     finished = watcher.done.wait(args.timeout)
     t_end = time.monotonic()
-    cpu = cpu_seconds(pid) - cpu0
-    rss = peak_rss_mib(pid)
-    if proc is not None:
-        proc.terminate()
-        proc.wait(timeout=60)
+    if proc is None:
+        cpu = cpu_seconds(pid) - cpu0
+        rss = peak_rss_mib(pid)
+    else:
+        # The process's own accounting, also right for one that already exited (bench-binder).
+        os.kill(proc.pid, signal.SIGTERM)  # a zombie until reaped below, never reused
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        cpu = usage.ru_utime + usage.ru_stime
+        rss = usage.ru_maxrss / 1024
     log.close()
     bound = watcher.bound_at
     last = max(bound.values(), default=t0)
@@ -255,49 +258,7 @@ def _pct(values: list[float], p: float) -> float | None:
     return round(values[min(len(values) - 1, max(0, int(len(values) * p / 100 + 0.5) - 1))], 2)
 
 
-def binder(args: argparse.Namespace) -> int:
-    """The ceiling: bind every pending pod of the namespace round-robin, no decisions."""
-    api = config.new_client_from_config(config_file=args.kubeconfig)
-    api.configuration.connection_pool_maxsize = 32
-    core = client.CoreV1Api(api)
-    node_names = [n.metadata.name for n in core.list_node().items]
-    pods = [
-        p.metadata.name
-        for p in core.list_namespaced_pod(args.namespace).items
-        if not p.spec.node_name
-    ]
-    targets = itertools.cycle(node_names)
-    interval = 1.0 / args.qps if args.qps > 0 else 0.0
-    lock = threading.Lock()
-    next_slot = [time.monotonic()]
-
-    def bind(name: str, node: str) -> None:
-        with lock:  # a token bucket like client-go's: burst, then qps
-            now = time.monotonic()
-            next_slot[0] = max(next_slot[0] + interval, now - args.burst * interval)
-            wait = next_slot[0] - now
-        if wait > 0:
-            time.sleep(wait)
-        body = client.V1Binding(
-            metadata=client.V1ObjectMeta(name=name),
-            target=client.V1ObjectReference(kind="Node", name=node),
-        )
-        core.create_namespaced_pod_binding(name, args.namespace, body, _preload_content=False)
-
-    with ThreadPoolExecutor(max_workers=16) as pool:
-        list(pool.map(bind, pods, (next(targets) for _ in pods)))
-    return 0
-
-
 def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1] == "binder":
-        p = argparse.ArgumentParser()
-        p.add_argument("binder")
-        p.add_argument("--kubeconfig", required=True)
-        p.add_argument("--namespace", required=True)
-        p.add_argument("--qps", type=float, default=200)
-        p.add_argument("--burst", type=int, default=400)
-        return binder(p.parse_args())
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=1000)
     p.add_argument("--workload", choices=sorted(WORKLOADS), action="append")
@@ -317,9 +278,10 @@ def main() -> int:
     kinds = [k.strip() for k in args.schedulers.split(",") if k.strip()]
     work = Path(tempfile.mkdtemp(prefix="shoal-compare-"))
     args.out.mkdir(parents=True, exist_ok=True)
+    args.bin_dir = build.build()
     handle = cluster.up(
         work / "run",
-        build.build(),
+        args.bin_dir,
         cluster.Options(
             die_with_parent=True,
             kube_scheduler="kube-scheduler" in kinds,
