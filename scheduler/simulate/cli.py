@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             "duration per application from inputs.POLLUX_DURATIONS)",
         },
     )
+    print(report.table(results))
     for path in written:
         print(path)
     return 0

@@ -96,6 +96,10 @@ def test_cli_writes_summary_and_plots(tmp_path: Path, capsys: pytest.CaptureFixt
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert [r["policy"] for r in summary["runs"]] == list(engine.POLICIES)
     assert (tmp_path / "out" / "allocation.png").stat().st_size > 0
+    # The comparison is printed as a table, one row per policy.
+    printed = capsys.readouterr().out
+    assert "| policy | checkpoints | GPU alloc |" in printed
+    assert all(f"| {policy} | on notice |" in printed for policy in engine.POLICIES)
 
 
 @pytest.mark.parametrize(
