@@ -55,6 +55,13 @@ def parser() -> argparse.ArgumentParser:
         help="use only the first N jobs of the trace [env SHOAL_SIM_LIMIT]",
     )
     p.add_argument(
+        "--min-gpus",
+        type=int,
+        default=int(env("SHOAL_SIM_MIN_GPUS", "0")),
+        help="keep only jobs of at least this many GPUs at full size, before --limit "
+        "[env SHOAL_SIM_MIN_GPUS]",
+    )
+    p.add_argument(
         "--notice",
         type=float,
         default=float(env("SHOAL_SIM_NOTICE", "120")),
@@ -98,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         groups = inputs.load_cluster(args.cluster)
         nodes = inputs.build_nodes(groups)
         node_gpus = max(n.allocatable.gpu for n in nodes)
-        jobs = inputs.load_jobs(args.jobs, node_gpus, limit=args.limit)
+        jobs = inputs.load_jobs(args.jobs, node_gpus, limit=args.limit, min_gpus=args.min_gpus)
         spot = inputs.load_spot(args.spot_trace) if args.spot_trace else []
         if spot and args.spot_repeat:
             spot = inputs.repeat_spot(spot, until=jobs[-1].submit)
@@ -147,13 +154,16 @@ def main(argv: list[str] | None = None) -> int:
             "job_count": len(jobs),
             "nodes": len(nodes),
             "limit": args.limit,
+            "min_gpus": args.min_gpus,
             "notice_seconds": args.notice,
             "spot_repeat": args.spot_repeat,
             "checkpoint_interval": args.checkpoint_interval,
             "elastic_rule": "pod GPUs = min(G, GPUs per node); members n = ceil(G / pod GPUs); "
-            "min = ceil(n / 2); max = n",
+            "min = ceil(n / 2); max = n (Pollux workloads: n = num_replicas members of 1 GPU, "
+            "duration per application from inputs.POLLUX_DURATIONS)",
         },
     )
+    print(report.table(results))
     for path in written:
         print(path)
     return 0

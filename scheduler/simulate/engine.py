@@ -18,6 +18,11 @@ Model, stated so results can be read correctly:
   leave: no work is lost. Without it the workers die at removal and their job rolls back to its
   last periodic checkpoint. Either way a gang left below its minimum stops whole and waits to be
   admitted again.
+- Reclaim, as the live loop does it (:mod:`scheduler.runner`): when a gang's minimum does not fit
+  and the cycle names victims (surplus members of other gangs), the room it nominated is held for
+  that gang, and the victims leave ``reclaim_grace`` seconds later. A victim that was asked to
+  leave checkpoints first when workers act on notices (``checkpoint_on_notice``); otherwise its
+  gang rolls back to its last periodic checkpoint, and that work is counted as lost to reclaim.
 """
 
 from __future__ import annotations
@@ -65,6 +70,10 @@ class Settings:
     checkpoint_interval: float = 1800.0
     checkpoint_on_notice: bool = True
     sample_every: float = 300.0
+    #: Seconds between asking a reclaimed member to leave and its departure (the live default).
+    reclaim_grace: float = 30.0
+    #: Room held for a gang after its victims were chosen, beyond the grace (the live default).
+    hold_extra: float = 120.0
     #: Stop the clock here even if jobs remain (seconds after the first submission).
     horizon: float | None = None
 
@@ -136,7 +145,19 @@ class Revocation:
 class Result:
     policy: str
     settings: Settings
+    #: (time, GPU allocation, fragmentation, pods waiting) every ``sample_every`` seconds, each
+    #: taken after the scheduler has acted on that instant's events (for plots).
     samples: list[tuple[float, float, float, int]] = field(default_factory=list)
+    #: Time integrals of the same quantities, exact (every change is an event): GPU-seconds in
+    #: use and in existence, overall and while some gang waits for its minimum; seconds
+    #: weighted by fragmentation; seconds during which some gang waits.
+    used_gpu_seconds: float = 0.0
+    capacity_gpu_seconds: float = 0.0
+    used_gpu_seconds_waiting: float = 0.0
+    capacity_gpu_seconds_waiting: float = 0.0
+    fragmentation_seconds: float = 0.0
+    fragmentation_seconds_waiting: float = 0.0
+    seconds_waiting: float = 0.0
     jobs: list[dict[str, Any]] = field(default_factory=list)
     revocations: list[Revocation] = field(default_factory=list)
     gangs_admitted_multi: int = 0
@@ -151,14 +172,13 @@ class Result:
     end_time: float = 0.0
     wall_seconds: float = 0.0
     spot_nodes_unmapped: int = 0
+    reclaimed_pods: int = 0
+    reclaim_lost_gpu_seconds: float = 0.0
 
     def summary(self) -> dict[str, Any]:
         done = [j for j in self.jobs if j["finished"] is not None]
         waits = sorted(j["wait"] for j in self.jobs if j["wait"] is not None)
         jcts = sorted(j["finished"] - j["submit"] for j in done)
-        alloc = [s[1] for s in self.samples]
-        frag = [s[2] for s in self.samples]
-        busy = [s[1] for s in self.samples if s[3] > 0]  # while something waits
         decisions = sorted(self.decision_seconds)
         return {
             "policy": self.policy,
@@ -166,9 +186,16 @@ class Result:
             "jobs": len(self.jobs),
             "jobs_finished": len(done),
             "simulated_seconds": round(self.end_time, 1),
-            "gpu_allocation_mean": _mean(alloc),
-            "gpu_allocation_while_jobs_wait": _mean(busy),
-            "fragmentation_mean": _mean(frag),
+            "gpu_allocation_mean": _ratio(self.used_gpu_seconds, self.capacity_gpu_seconds),
+            "gpu_allocation_while_jobs_wait": _ratio(
+                self.used_gpu_seconds_waiting, self.capacity_gpu_seconds_waiting
+            ),
+            "fragmentation_mean": _ratio(self.fragmentation_seconds, self.end_time),
+            "fragmentation_while_jobs_wait": _ratio(
+                self.fragmentation_seconds_waiting, self.seconds_waiting
+            ),
+            "share_of_time_jobs_wait": _ratio(self.seconds_waiting, self.end_time),
+            "job_wait_mean_s": _mean(waits),
             "job_wait_p50_s": _pct(waits, 50),
             "job_wait_p99_s": _pct(waits, 99),
             "jct_mean_s": _mean(jcts),
@@ -194,6 +221,8 @@ class Result:
             "downtime_seconds_per_revocation": _mean(
                 [r.downtime_seconds for r in self.revocations if r.jobs]
             ),
+            "reclaimed_pods": self.reclaimed_pods,
+            "reclaim_lost_gpu_hours": round(self.reclaim_lost_gpu_seconds / 3600, 2),
             "scheduling_cycles": self.cycles,
             "decision_ms_p50": _pct([d * 1000 for d in decisions], 50),
             "decision_ms_p99": _pct([d * 1000 for d in decisions], 99),
@@ -212,6 +241,10 @@ def _pct(values: Sequence[float], p: float) -> float | None:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, math.ceil(p / 100 * len(ordered)) - 1))
     return round(ordered[index], 3)
+
+
+def _ratio(part: float, whole: float) -> float | None:
+    return round(part / whole, 4) if whole > 0 else None
 
 
 def _share(part: int, whole: int) -> float | None:
@@ -259,7 +292,13 @@ class Simulation:
             for spec in jobs
         }
         self.active: dict[str, _Job] = {}
+        self.owner = {key: job for job in self.jobs.values() for key in job.pods}
+        #: Reclaim state, as in the live loop: victim -> the gang it leaves for; room held per
+        #: gang until it binds or the hold ends.
+        self.victims: dict[PodKey, GangKey] = {}
+        self.held: dict[GangKey, tuple[tuple[tuple[NodeName, Resources], ...], float]] = {}
         self._events: list[tuple[float, int, str, Any]] = []
+        self._current: tuple[float, int, int, float, int] | None = None
         self._seq = itertools.count()
         self._plan(spot)
 
@@ -309,20 +348,25 @@ class Simulation:
         now = 0.0
         horizon = self.settings.horizon
         while self._events:
-            now = self._events[0][0]
-            if horizon is not None and now > horizon:
+            at = self._events[0][0]
+            if horizon is not None and at > horizon:
+                self._integrate(horizon)
                 now = horizon
                 break
-            freed = arrived = False
+            self._integrate(at)
+            now = at
+            freed = arrived = sample = False
             while self._events and self._events[0][0] == now:
                 _, _, kind, data = heapq.heappop(self._events)
                 effect = self._handle(kind, data, now)
                 freed |= effect == "freed"
                 arrived |= effect == "arrived"
+                sample |= effect == "sample"
             if freed or arrived:
                 # Like the live scheduler: gangs backing off are retried when room may have
                 # been freed; a new gang is tried at once either way.
                 self._schedule(now, wake=freed)
+            self._observe(now, sample=sample)
             if not self.active and all(j.finished is not None for j in self.jobs.values()):
                 break
         for job in self.jobs.values():
@@ -333,7 +377,8 @@ class Simulation:
         return self.result
 
     def _handle(self, kind: str, data: Any, now: float) -> str:
-        """Apply one event; says whether it "freed" room, "arrived" a gang, or neither ("")."""
+        """Apply one event; says whether it "freed" room, "arrived" a gang, asks for a
+        "sample", or none of these ("")."""
         if kind == "arrive":
             job = self.jobs[data]
             job.last = now
@@ -365,11 +410,12 @@ class Simulation:
             if data in self.live:
                 self._revoke(data, now, notice=0.0, remove=True)
             return "freed"
+        if kind == "leave":
+            return "freed" if self._leave(data, now) else ""
         if kind == "sample":
-            self._sample(now)
             if self.active or any(k == "arrive" for _, _, k, _ in self._events):
                 self._push(now + self.settings.sample_every, "sample", None)
-            return ""
+            return "sample"
         raise AssertionError(kind)
 
     # -- scheduling --------------------------------------------------------------------------
@@ -378,15 +424,48 @@ class Simulation:
             self.queue.wake()
         while True:
             gangs = [job.gang() for job in self.active.values()]
+            self._expire_holds(now)
+            leaving: dict[GangKey, int] = {}
+            for target in self.victims.values():
+                leaving[target] = leaving.get(target, 0) + 1
+            reserved = {k: held for k, (held, _) in self.held.items()}
             snapshot = self.cache.snapshot()
             started = time.perf_counter()
-            decision = run_cycle(gangs, self.queue, snapshot, now, self.config)
+            decision = run_cycle(
+                gangs, self.queue, snapshot, now, self.config, reserved=reserved, leaving=leaving
+            )
             if decision is None:
                 return
             self.result.cycles += 1
             self.result.decision_seconds.append(time.perf_counter() - started)
+            if decision.victims:
+                self._reclaim(decision, now)
             if decision.progressed:
-                self._apply(decision, snapshot, now)
+                # Measured on the view the cycle decided on: the snapshot less others' holds.
+                view = snapshot.with_reserved(
+                    r for key, held in reserved.items() if key != decision.gang.key for r in held
+                )
+                self._apply(decision, view, now)
+
+    def _expire_holds(self, now: float) -> None:
+        for key, (_, until) in list(self.held.items()):
+            job = self.active.get(key.split("/", 1)[1])
+            if job is None or job.running or until <= now:
+                del self.held[key]
+
+    def _reclaim(self, decision: Decision, now: float) -> None:
+        """Hold the nominated room for the gang and ask the victims to leave after the grace."""
+        gang = decision.gang
+        leave_by = now + self.settings.reclaim_grace
+        members = {p.key: p for p in gang.members}
+        self.held[gang.key] = (
+            tuple((a.node, members[a.pod].requests) for a in decision.nominated),
+            leave_by + self.settings.hold_extra,
+        )
+        for key in decision.victims:
+            if key not in self.victims:
+                self.victims[key] = gang.key
+                self._push(leave_by, "leave", key)
 
     def _apply(self, decision: Decision, snapshot: Snapshot, now: float) -> None:
         job = self.active[decision.gang.name]
@@ -399,6 +478,8 @@ class Simulation:
             job.bound_count += 1
             self.cache.set_pod(pod)
         job.changed()
+        if job.running:
+            self.held.pop(job.key, None)
         if job.spec.min_pods >= 2 and decision.min_count and not job.rack_measured:
             job.rack_measured = True
             quorum = [a.node for a in decision.bindings[: decision.min_count]]
@@ -445,6 +526,7 @@ class Simulation:
     def _finish(self, job: _Job, now: float) -> None:
         job.finished = now
         for key in job.pods:
+            self.victims.pop(key, None)
             self.cache.remove_pod(key)
         del self.active[job.spec.id]
         self.queue.prune(j.key for j in self.active.values())
@@ -486,6 +568,29 @@ class Simulation:
             job.paused_until = now + pause
             self._reschedule_finish(job, now)
 
+    def _leave(self, key: PodKey, now: float) -> bool:
+        """A reclaimed member leaves; says whether it freed room (it was still bound)."""
+        self.victims.pop(key, None)
+        job = self.owner[key]
+        if job.finished is not None or job.pods[key].node is None:
+            return False
+        self._advance(job, now)
+        self.result.reclaimed_pods += 1
+        pause = self.settings.restart_seconds
+        if self.settings.checkpoint_on_notice:
+            job.saved = job.work
+            pause += self.settings.checkpoint_seconds
+        else:
+            self.result.reclaim_lost_gpu_seconds += (job.work - job.saved) * job.spec.gpus
+            job.work = job.saved
+        self._unbind(job, key)
+        if 0 < job.bound < job.spec.min_pods:  # a whole-gang victim: every member goes
+            for other in [k for k, p in job.pods.items() if p.node is not None]:
+                self._unbind(job, other)
+        job.paused_until = now + pause
+        self._reschedule_finish(job, now)
+        return True
+
     def _revocation_record(self, node: NodeName, now: float, notice: float) -> int:
         for i in range(len(self.result.revocations) - 1, -1, -1):
             r = self.result.revocations[i]
@@ -495,6 +600,7 @@ class Simulation:
         return len(self.result.revocations) - 1
 
     def _unbind(self, job: _Job, key: PodKey) -> None:
+        self.victims.pop(key, None)  # a victim that goes for another reason has left
         pod = dataclasses.replace(job.pods[key], node=None)
         job.pods[key] = pod
         job.bound_count -= 1
@@ -519,7 +625,14 @@ class Simulation:
             )
 
     # -- measurements --------------------------------------------------------------------------
-    def _sample(self, now: float) -> None:
+    def _observe(self, now: float, *, sample: bool) -> None:
+        """The state after this instant's events, held until the next one (see _integrate).
+
+        Allocation: GPUs bound / GPUs on live nodes (nodes under notice included until they go).
+        Fragmentation, while some gang waits for its minimum: the share of free GPUs (on
+        schedulable nodes) that sit on nodes with fewer free GPUs than the smallest waiting
+        member asks for, i.e. that no waiting job could use; 0 when nothing waits.
+        """
         snapshot = self.cache.snapshot()
         live = [s for name, s in snapshot.nodes.items() if name in self.live]
         capacity = sum(s.node.allocatable.gpu for s in live)
@@ -541,9 +654,30 @@ class Simulation:
             free_total += free
             if smallest and free < smallest:
                 stranded += free
-        alloc = used / capacity if capacity else 0.0
         frag = stranded / free_total if free_total and smallest else 0.0
-        self.result.samples.append((now, alloc, frag, len(waiting)))
+        self._current = (now, used, capacity, frag, len(waiting))
+        if sample:
+            alloc = used / capacity if capacity else 0.0
+            self.result.samples.append((now, alloc, frag, len(waiting)))
+
+    def _integrate(self, until: float) -> None:
+        """Add the state held since the last instant, up to ``until``, to the time integrals."""
+        if self._current is None:
+            return
+        since, used, capacity, frag, waiting = self._current
+        dt = until - since
+        if dt <= 0:
+            return
+        r = self.result
+        r.used_gpu_seconds += used * dt
+        r.capacity_gpu_seconds += capacity * dt
+        r.fragmentation_seconds += frag * dt
+        if waiting:
+            r.used_gpu_seconds_waiting += used * dt
+            r.capacity_gpu_seconds_waiting += capacity * dt
+            r.fragmentation_seconds_waiting += frag * dt
+            r.seconds_waiting += dt
+        self._current = (until, used, capacity, frag, waiting)
 
     def _measure_placement(self, decision: Decision, snapshot: Snapshot) -> None:
         view = snapshot

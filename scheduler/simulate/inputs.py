@@ -6,14 +6,21 @@ Cluster description (JSON)::
                       "spot_fraction": 0.5, "island_size": 4, "cpu": 96, "memory_gib": 1024}]}
 
 or a Tiresias cluster shape CSV (``num_switch,num_node_p_switch,num_gpu_p_node,...``: a switch
-is a rack). Job traces: the Philly trace as prepared for Pollux (``timestamp,duration,num_gpus``),
-the Tiresias job list (``job_id,num_gpu,submit_time,...,duration``) or the native format
+is a rack; every ``n*g*.csv`` and ``cluster_spec.csv`` of the Tiresias simulator reads as it is).
+Job traces: the Philly trace as prepared for Pollux (``timestamp,duration,num_gpus``), the
+Tiresias job list (``job_id,num_gpu,submit_time,...,duration``), a Pollux workload
+(``name,time,application,num_replicas,batch_size``) or the native format
 (``submit,duration,gpus[,min_pods,max_pods,priority]``). Spot traces: ``milliseconds,add|remove,
 nodeN`` lines.
 
-The elastic rule for traces that only give a GPU count ``G``: members of ``p = min(G, GPUs per
-node)`` GPUs, ``n = ceil(G / p)`` members, minimum ``ceil(n / 2)``, maximum ``n``; the duration
-is the job's run time at full size, and work scales linearly with the members running.
+The elastic rule for traces that only give a GPU count ``G`` (Philly, Tiresias, native without
+min/max): members of ``p = min(G, GPUs per node)`` GPUs, ``n = ceil(G / p)`` members, minimum
+``ceil(n / 2)``, maximum ``n``; the duration is the job's run time at full size, and work scales
+linearly with the members running.
+
+Pollux workloads give a gang size (``num_replicas``, one GPU each) but no duration: a job is
+``n = num_replicas`` members of one GPU, minimum ``ceil(n / 2)``, maximum ``n``, and runs for
+:data:`POLLUX_DURATIONS` of its application at full size — a stated assumption, not data.
 """
 
 from __future__ import annotations
@@ -28,6 +35,17 @@ from pathlib import Path
 
 from contracts import gputopology, names
 from scheduler.model import Node, NodeName, Resources
+
+#: Run time at full size (seconds) per Pollux application; the workload files carry none. Round
+#: figures ordered as the applications' training cost (NCF and CIFAR-10 small, ImageNet largest).
+POLLUX_DURATIONS: dict[str, float] = {
+    "ncf": 900.0,
+    "cifar10": 1800.0,
+    "bert": 3600.0,
+    "deepspeech2": 7200.0,
+    "yolov3": 14400.0,
+    "imagenet": 28800.0,
+}
 
 
 class InputError(ValueError):
@@ -162,14 +180,17 @@ def elastic(job_id: str, submit: float, duration: float, gpus: int, node_gpus: i
     return JobSpec(job_id, submit, duration, pod_gpus, max(1, math.ceil(pods / 2)), pods)
 
 
-def load_jobs(path: Path, node_gpus: int, *, limit: int | None = None) -> list[JobSpec]:
-    """The first ``limit`` jobs by submit time, times relative to the first submission."""
+def load_jobs(
+    path: Path, node_gpus: int, *, limit: int | None = None, min_gpus: int = 0
+) -> list[JobSpec]:
+    """The first ``limit`` jobs by submit time among those of at least ``min_gpus`` GPUs (at
+    full size), times relative to the first submission."""
     with path.open(newline="") as handle:
         reader = csv.DictReader(handle)
         header = set(reader.fieldnames or ())
-        jobs = list(_rows(reader, header, path, node_gpus))
+        jobs = [j for j in _rows(reader, header, path, node_gpus) if j.gpus >= min_gpus]
     if not jobs:
-        raise InputError(f"{path}: no jobs")
+        raise InputError(f"{path}: no jobs" + (f" of {min_gpus}+ GPUs" if min_gpus else ""))
     jobs.sort(key=lambda j: (j.submit, j.id))
     if limit is not None:
         jobs = jobs[:limit]
@@ -204,6 +225,23 @@ def _rows(
                 _float(row["duration"], where),
                 _int(row["num_gpu"], where),
                 node_gpus,
+            )
+        elif {"name", "time", "application", "num_replicas"} <= header:  # Pollux workload
+            app = row["application"]
+            if app not in POLLUX_DURATIONS:
+                raise InputError(
+                    f"{where}: unknown application {app!r}; known: {sorted(POLLUX_DURATIONS)}"
+                )
+            replicas = _int(row["num_replicas"], where)
+            if replicas < 1:
+                raise InputError(f"{where}: num_replicas must be at least 1, got {replicas}")
+            yield JobSpec(
+                f"pollux-{row['name']}",
+                _float(row["time"], where),
+                POLLUX_DURATIONS[app],
+                1,
+                math.ceil(replicas / 2),
+                replicas,
             )
         elif {"submit", "duration", "gpus"} <= header:  # native
             base = elastic(

@@ -24,6 +24,58 @@ def write(results: Sequence[Result], out: Path, inputs: dict[str, Any]) -> list[
     return written
 
 
+#: The columns of :func:`table`: header, summary key, unit.
+_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("GPU alloc", "gpu_allocation_mean", ""),
+    ("alloc while jobs wait", "gpu_allocation_while_jobs_wait", ""),
+    ("frag while jobs wait", "fragmentation_while_jobs_wait", ""),
+    ("wait mean", "job_wait_mean_s", "s"),
+    ("wait p99", "job_wait_p99_s", "s"),
+    ("JCT mean", "jct_mean_s", "s"),
+    ("makespan", "makespan_s", "s"),
+    ("gangs in 1 rack", "gangs_in_one_rack", ""),
+    ("... when possible", "gangs_in_one_rack_when_possible", ""),
+    ("pods in 1 island when possible", "multi_gpu_pods_in_one_island_when_possible", ""),
+    ("reclaimed pods", "reclaimed_pods", ""),
+    ("revocations hitting jobs", "revocations_affecting_jobs", ""),
+    ("GPU-h lost", "lost_gpu_hours", ""),
+    ("lost GPU-s per hit", "lost_gpu_seconds_per_revocation", ""),
+    ("downtime s per hit", "downtime_seconds_per_revocation", ""),
+)
+
+
+def table(results: Sequence[Result]) -> str:
+    """The comparison as a Markdown table, one row per run (what the CLI prints)."""
+    header = ["policy", "checkpoints", *(c[0] for c in _COLUMNS)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in results:
+        s = r.summary()
+        cells = [
+            r.policy,
+            "on notice" if r.settings.checkpoint_on_notice else "periodic only",
+            *(_cell(s[key], unit) for _, key, unit in _COLUMNS),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _cell(value: object, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "s" and isinstance(value, int | float):
+        seconds = float(value)
+        if seconds >= 2 * 86400:
+            return f"{seconds / 86400:.1f} d"
+        if seconds >= 2 * 3600:
+            return f"{seconds / 3600:.1f} h"
+        if seconds >= 120:
+            return f"{seconds / 60:.0f} min"
+        return f"{seconds:.0f} s"
+    if isinstance(value, float):
+        return f"{value:.2f}" if abs(value) < 100 else f"{value:,.0f}"
+    return str(value)
+
+
 def _plots(results: Sequence[Result], out: Path) -> list[Path]:
     try:
         import matplotlib
