@@ -8,6 +8,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from structlog.testing import capture_logs
 
 from nodeagent.notify import notices_pb2 as pb
 from tests.unit.nodeagent.notice_socket import PODS, SocketAgent, identity, notice
@@ -83,3 +84,28 @@ def test_a_call_without_an_identity_is_invalid_argument(node: SocketAgent) -> No
         next(node.stub.Watch(pb.WatchRequest(pod=identity("a", "b", "c")), timeout=5))
     assert unknown.value.code() is grpc.StatusCode.NOT_FOUND
     assert "not on this node" in unknown.value.details()
+
+
+def test_an_undecodable_request_is_invalid_argument_not_a_traceback(node: SocketAgent) -> None:
+    """Left to gRPC it was UNKNOWN, with the Python exception as the detail and a traceback
+    in the agent's log for every such call."""
+    with pytest.raises(grpc.RpcError) as ack_refused:
+        node.channel.unary_unary("/shoal.v1.Notices/Acknowledge")(b"\xff\xff\xff", timeout=5)
+    watch = node.channel.unary_stream("/shoal.v1.Notices/Watch")(b"\xff\xff\xff", timeout=5)
+    with pytest.raises(grpc.RpcError) as watch_refused:
+        next(watch)
+    for refused in (ack_refused, watch_refused):
+        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "not a shoal.v1." in refused.value.details()
+
+
+def test_an_identity_longer_than_kubernetes_allows_is_refused_unlogged(node: SocketAgent) -> None:
+    (ns, w0, uid0), _ = PODS
+    huge = "x" * 100_000
+    with capture_logs() as logs:
+        for who in ((huge, w0, uid0), (ns, huge, uid0), (ns, w0, huge)):
+            with pytest.raises(grpc.RpcError) as refused:
+                ack(node, *who)
+            assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert "at most 63 characters" in refused.value.details()
+    assert not any(huge in str(line) for line in logs)
