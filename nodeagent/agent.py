@@ -517,4 +517,7 @@ class Agent:
             "restored": self.restored,
             # No GPU or no driver is a state of the node, not a reason to stop serving.
             "gpu": self.gpu.state if self.gpu is not None else "disabled",
+            # Which pod holds which GPU (the kubelet's PodResources socket): without it, GPU
+            # faults reach no pod, but nothing else is held up.
+            "gpu_allocation": self.gpu.allocation if self.gpu is not None else "disabled",
         }

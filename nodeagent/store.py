@@ -141,6 +141,8 @@ class Store:
         ]
         for gone in withdrawn:
             del self._notices[gone]
+        if withdrawn:
+            self._forget_acks()
         new: list[EventId] = []
         for event_id, notice in seen.items():
             known = self._notices.get(event_id)
@@ -150,6 +152,17 @@ class Store:
             elif notice.deadline < known.notice.deadline:
                 self._notices[event_id] = replace(known, notice=notice)
         return new
+
+    def _forget_acks(self) -> None:
+        """A pod under no live notice any more keeps no ack and nothing heard: neither may
+        hasten its departure under a later notice. (``notified`` stays until the pod is told
+        of the withdrawal.)"""
+        for state in self._pods.values():
+            if (state.heard is not None or state.acked_step is not None) and not self._live_for(
+                state.pod
+            ):
+                state.heard = None
+                state.acked_step = None
 
     def set_pods(self, pods: Iterable[Pod]) -> None:
         """The pods now bound to this node (a complete list). Pods not listed have left."""
@@ -165,14 +178,26 @@ class Store:
                 state.pod = pod
 
     def acknowledge(self, key: PodKey, uid: PodUid, step: int) -> AckOutcome:
-        """A worker says it checkpointed at ``step``. Only speeds up a pod already under notice."""
+        """A worker says it checkpointed at ``step``. Only speeds up a pod already under notice:
+        one told (over gRPC or by annotation) of a notice that is live and concerns it."""
         state = self._pods.get(uid)
         if state is None or state.pod.key != key:
             return AckOutcome.NOT_ON_NODE
-        if state.notified is None and state.heard is None:
+        # Under notice: told about a notice that is still live and still concerns the pod
+        # (``notified`` outlives a withdrawal until the pod has been told of it).
+        told = {t[0] for t in (state.notified, state.heard) if t is not None}
+        if not told & self._live_for(state.pod):
             return AckOutcome.NOT_UNDER_NOTICE
         state.acked_step = step
         return AckOutcome.ACCEPTED
+
+    def _live_for(self, pod: Pod) -> set[EventId]:
+        """The live disruptive notices that concern ``pod``."""
+        return {
+            i
+            for i, t in self._notices.items()
+            if t.notice.disruptive and (t.notice.scope is None or pod.key in t.notice.scope)
+        }
 
     def heard(self, uid: PodUid, notice: Notice) -> None:
         """The pod's workers were told about ``notice`` (they may acknowledge from now on)."""

@@ -69,6 +69,7 @@ class GpuMonitor:
         fault_lead: timedelta = timedelta(seconds=30),
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         absent_retry: float = 60.0,
+        error_retry: float = 10.0,
     ) -> None:
         self.publish = publish
         self.owners = owners
@@ -85,6 +86,7 @@ class GpuMonitor:
         self.topology: GpuTopology | None = None
         self.heartbeat = time.monotonic()
         self.absent_retry = absent_retry
+        self.error_retry = error_retry
 
     async def run(self) -> None:
         while True:
@@ -103,7 +105,13 @@ class GpuMonitor:
                 log.warning("gpu_error", error=str(exc))
                 self.state = f"error: {exc}"
                 await asyncio.to_thread(nvml.shutdown)
-                await asyncio.sleep(10.0)
+                await asyncio.sleep(self.error_retry)
+            except Exception as exc:
+                # Not NVML's: the task guard logs it and starts the monitor over; until then
+                # the state must not go on saying "ok", and NVML is not left initialised.
+                self.state = f"error: {exc}"
+                await asyncio.to_thread(nvml.shutdown)
+                raise
 
     async def _watch(self) -> None:
         self.topology = await asyncio.to_thread(nvml.topology, dict(self.health.by_index))

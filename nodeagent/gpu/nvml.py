@@ -147,6 +147,13 @@ class XidWatch:
     """Blocking XID event wait, to run in a worker thread."""
 
     def __init__(self) -> None:
+        try:
+            self._register()
+        except pynvml.NVMLError as exc:
+            # Like every other NVML failure mid-run: the monitor starts over.
+            raise NvmlFault(f"NVML event registration: {exc}") from exc
+
+    def _register(self) -> None:
         count = pynvml.nvmlDeviceGetCount()
         self._set = pynvml.nvmlEventSetCreate()
         self._index: dict[int, int] = {}

@@ -14,10 +14,11 @@ import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 import grpc
 import structlog
+from google.protobuf.message import DecodeError
 
 from nodeagent.events import Notice, PodKey, PodUid, rfc3339
 from nodeagent.notify import notices_pb2 as pb
@@ -59,10 +60,36 @@ def message(notice: Notice | None, *, withdrawn: bool = False) -> pb.Notice:
     )
 
 
+Request = TypeVar("Request", pb.WatchRequest, pb.AcknowledgeRequest)
+
+
+async def _decode(kind: type[Request], data: bytes, context: Any) -> Request:
+    """The request, or INVALID_ARGUMENT. (Left to gRPC, an undecodable request is UNKNOWN with
+    a Python traceback in the agent's log, which any process on the node could cause.)"""
+    try:
+        request: Request = kind.FromString(data)
+        return request
+    except DecodeError:
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT, f"not a shoal.v1.{kind.__name__} message"
+        )
+        raise  # abort raises; this only tells the type checker
+
+
+#: Kubernetes' own limits (a namespace is a DNS label, a pod name a DNS subdomain, a uid a
+#: UUID); anything longer names no pod, and is refused before it reaches a log line.
+LIMITS: Final = {"namespace": 63, "name": 253, "uid": 128}
+IDENTITY_REQUIRED: Final = (
+    "the request must name the calling pod: namespace (at most 63 characters), name (253) "
+    "and uid (128), from the Downward API"
+)
+
+
 def _identity(pod: Any) -> tuple[PodKey, PodUid] | None:
-    if not (pod.namespace and pod.name and pod.uid):
+    fields = {field: str(getattr(pod, field)) for field in LIMITS}
+    if not all(0 < len(value) <= LIMITS[field] for field, value in fields.items()):
         return None
-    return PodKey(f"{pod.namespace}/{pod.name}"), PodUid(pod.uid)
+    return PodKey(f"{fields['namespace']}/{fields['name']}"), PodUid(fields["uid"])
 
 
 class NoticeService(rpc.NoticesServicer):  # type: ignore[misc]
@@ -83,7 +110,7 @@ class NoticeService(rpc.NoticesServicer):  # type: ignore[misc]
     async def Watch(self, request: Any, context: Any) -> AsyncIterator[pb.Notice]:
         ident = _identity(request.pod)
         if ident is None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "pod namespace, name, uid")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, IDENTITY_REQUIRED)
             return
         key, uid = ident
         if not await self._board.identify(key, uid):
@@ -106,12 +133,36 @@ class NoticeService(rpc.NoticesServicer):  # type: ignore[misc]
     async def Acknowledge(self, request: Any, context: Any) -> pb.AcknowledgeReply:
         ident = _identity(request.pod)
         if ident is None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "pod namespace, name, uid")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, IDENTITY_REQUIRED)
         assert ident is not None
         key, uid = ident
         outcome = await self._board.acknowledge(key, uid, int(request.step))
         log.info("worker_acknowledged", pod=key, step=int(request.step), outcome=outcome.value)
         return pb.AcknowledgeReply(accepted=outcome is AckOutcome.ACCEPTED, detail=outcome.value)
+
+    async def _watch(self, data: bytes, context: Any) -> AsyncIterator[pb.Notice]:
+        request = await _decode(pb.WatchRequest, data, context)
+        async for notice in self.Watch(request, context):
+            yield notice
+
+    async def _acknowledge(self, data: bytes, context: Any) -> pb.AcknowledgeReply:
+        request = await _decode(pb.AcknowledgeRequest, data, context)
+        return await self.Acknowledge(request, context)
+
+    def handler(self) -> Any:
+        """The service's methods, taking the request as bytes so that the service, not gRPC,
+        decides how to refuse one that does not decode."""
+        return grpc.method_handlers_generic_handler(
+            "shoal.v1.Notices",
+            {
+                "Watch": grpc.unary_stream_rpc_method_handler(
+                    self._watch, response_serializer=pb.Notice.SerializeToString
+                ),
+                "Acknowledge": grpc.unary_unary_rpc_method_handler(
+                    self._acknowledge, response_serializer=pb.AcknowledgeReply.SerializeToString
+                ),
+            },
+        )
 
 
 def _clear(path: Path) -> None:
@@ -125,7 +176,7 @@ async def serve(service: NoticeService, socket_path: str) -> Any:
     path = Path(socket_path)
     _clear(path)
     server = grpc.aio.server()
-    rpc.add_servicer(service, server)
+    server.add_generic_rpc_handlers((service.handler(),))
     server.add_insecure_port(f"unix:{path}")
     await server.start()
     # Pods run as other users: anyone who can reach the hostPath may connect; identity is

@@ -10,6 +10,9 @@
  *                       nodriver   nvmlInit fails with NVML_ERROR_DRIVER_NOT_LOADED
  *   FAKE_NVML_XID_FILE  a file "GPU_INDEX XID": the next nvmlEventSetWait delivers that XID
  *                       critical-error event on that GPU and removes the file.
+ *   FAKE_NVML_FAIL_FILE while this file exists, every call (init and a wait in progress
+ *                       included) fails with NVML_ERROR_GPU_IS_LOST: the driver lost the GPUs
+ *                       mid-run. Remove the file and NVML answers again.
  *
  * GPUs 0-3 sit on NUMA node 0 and 4-7 on NUMA node 1; pairs (0,1), (2,3)... share a PCIe switch.
  */
@@ -27,6 +30,7 @@ typedef int nvmlReturn_t;
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
 #define NVML_ERROR_DRIVER_NOT_LOADED 9
 #define NVML_ERROR_TIMEOUT 10
+#define NVML_ERROR_GPU_IS_LOST 15
 #define NVML_ERROR_UNKNOWN 999
 
 #define GPUS 8
@@ -72,7 +76,18 @@ static int valid(nvmlDevice_t dev) {
     return initialized && dev >= &devices[0] && dev < &devices[GPUS];
 }
 
+static int failing(void) {
+    const char *path = getenv("FAKE_NVML_FAIL_FILE");
+    return path != NULL && access(path, F_OK) == 0;
+}
+
+#define FAIL_IF_SWITCHED()                                                                         \
+    do {                                                                                           \
+        if (failing()) return NVML_ERROR_GPU_IS_LOST;                                              \
+    } while (0)
+
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    FAIL_IF_SWITCHED();
     (void)flags;
     const char *layout = getenv("FAKE_NVML_LAYOUT");
     if (layout == NULL || strcmp(layout, "nvswitch8") == 0) {
@@ -107,23 +122,27 @@ const char *nvmlErrorString(nvmlReturn_t result) {
     case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
     case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
     case NVML_ERROR_TIMEOUT: return "Timeout";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
     default: return "Unknown Error";
     }
 }
 
 nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    FAIL_IF_SWITCHED();
     if (length < 16) return NVML_ERROR_INSUFFICIENT_SIZE;
     snprintf(version, length, "570.00-fake");
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    FAIL_IF_SWITCHED();
     if (!initialized) return NVML_ERROR_UNINITIALIZED;
     *count = GPUS;
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    FAIL_IF_SWITCHED();
     if (!initialized) return NVML_ERROR_UNINITIALIZED;
     if (index >= GPUS) return NVML_ERROR_INVALID_ARGUMENT;
     *device = &devices[index];
@@ -131,24 +150,28 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev
 }
 
 nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t dev, unsigned int *index) {
+    FAIL_IF_SWITCHED();
     if (!valid(dev)) return NVML_ERROR_INVALID_ARGUMENT;
     *index = (unsigned int)dev->index;
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t dev, char *name, unsigned int length) {
+    FAIL_IF_SWITCHED();
     if (!valid(dev)) return NVML_ERROR_INVALID_ARGUMENT;
     snprintf(name, length, "NVIDIA H100 80GB HBM3");
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t dev, char *uuid, unsigned int length) {
+    FAIL_IF_SWITCHED();
     if (!valid(dev)) return NVML_ERROR_INVALID_ARGUMENT;
     snprintf(uuid, length, "GPU-fa4e0000-0000-4000-8000-00000000000%d", dev->index);
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t dev, int *node) {
+    FAIL_IF_SWITCHED();
     if (!valid(dev)) return NVML_ERROR_INVALID_ARGUMENT;
     *node = dev->index < 4 ? 0 : 1;
     return NVML_SUCCESS;
@@ -165,12 +188,14 @@ static void fill_pci(nvmlPciInfo_t *pci, unsigned int bus) {
 static unsigned int gpu_bus(int index) { return 0x18 + 0x10 * (unsigned int)index; }
 
 nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t dev, nvmlPciInfo_t *pci) {
+    FAIL_IF_SWITCHED();
     if (!valid(dev)) return NVML_ERROR_INVALID_ARGUMENT;
     fill_pci(pci, gpu_bus(dev->index));
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t a, nvmlDevice_t b, int *level) {
+    FAIL_IF_SWITCHED();
     if (!valid(a) || !valid(b)) return NVML_ERROR_INVALID_ARGUMENT;
     if (a == b) *level = 0;
     else if (a->index / 2 == b->index / 2) *level = 10;       /* PIX: one PCIe switch */
@@ -190,6 +215,7 @@ static int peer_of(int index, unsigned int link) {
 }
 
 static nvmlReturn_t link_ok(nvmlDevice_t dev, unsigned int link) {
+    FAIL_IF_SWITCHED();
     if (!valid(dev)) return NVML_ERROR_INVALID_ARGUMENT;
     if (current == PCIE8) return NVML_ERROR_NOT_SUPPORTED;
     if (link >= MAX_LINKS) return NVML_ERROR_INVALID_ARGUMENT;
@@ -197,6 +223,7 @@ static nvmlReturn_t link_ok(nvmlDevice_t dev, unsigned int link) {
 }
 
 nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t dev, unsigned int link, unsigned int *active) {
+    FAIL_IF_SWITCHED();
     nvmlReturn_t ok = link_ok(dev, link);
     if (ok != NVML_SUCCESS) return ok;
     *active = current == NVSWITCH8 ? 1 : (link < 12 ? 1 : 0);
@@ -205,6 +232,7 @@ nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t dev, unsigned int link, unsig
 
 nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t dev, unsigned int link,
                                                  nvmlPciInfo_t *pci) {
+    FAIL_IF_SWITCHED();
     nvmlReturn_t ok = link_ok(dev, link);
     if (ok != NVML_SUCCESS) return ok;
     if (current == NVSWITCH8) {
@@ -218,6 +246,7 @@ nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t dev, unsigned int 
 }
 
 nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t dev, unsigned int link, int *type) {
+    FAIL_IF_SWITCHED();
     nvmlReturn_t ok = link_ok(dev, link);
     if (ok != NVML_SUCCESS) return ok;
     *type = current == NVSWITCH8 ? 2 : 0; /* NVML_NVLINK_DEVICE_TYPE_SWITCH : _GPU */
@@ -225,12 +254,14 @@ nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t dev, unsigned int 
 }
 
 nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    FAIL_IF_SWITCHED();
     if (!initialized) return NVML_ERROR_UNINITIALIZED;
     *set = &event_set;
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t dev, unsigned long long *types) {
+    FAIL_IF_SWITCHED();
     if (!valid(dev)) return NVML_ERROR_INVALID_ARGUMENT;
     *types = XID_CRITICAL_ERROR;
     return NVML_SUCCESS;
@@ -238,16 +269,19 @@ nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t dev, unsigned long lo
 
 nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t dev, unsigned long long types,
                                       nvmlEventSet_t set) {
+    FAIL_IF_SWITCHED();
     if (!valid(dev) || set != &event_set) return NVML_ERROR_INVALID_ARGUMENT;
     set->registered[dev->index] |= types;
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int ms) {
+    FAIL_IF_SWITCHED();
     if (!initialized || set != &event_set) return NVML_ERROR_INVALID_ARGUMENT;
     const char *path = getenv("FAKE_NVML_XID_FILE");
     unsigned int waited = 0;
     for (;;) {
+        FAIL_IF_SWITCHED();
         if (path != NULL) {
             FILE *f = fopen(path, "r");
             if (f != NULL) {

@@ -114,3 +114,61 @@ def test_xid_policy_follows_the_catalog_and_is_sticky() -> None:
     assert health.by_index.get(1) == "failed"
     custom = GpuHealth(XidPolicy(ignore=frozenset({79}), fatal=frozenset()))
     assert custom.record(2, 79) is False
+
+
+async def test_nvml_failing_while_the_xid_watch_is_set_up_is_an_error_state_not_a_crash(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NVML answered the topology read, then lost the GPUs before the XID events were
+    registered: the raw pynvml error used to escape the monitor (a crash for the task guard)
+    while its state still said ``ok``."""
+    import asyncio
+
+    import pynvml
+
+    from contracts.gputopology import GpuTopology
+    from nodeagent.gpu import monitor as gpu_monitor
+    from nodeagent.gpu import nvml
+
+    lost = {"now": True}
+    starts: list[int] = []
+
+    def init() -> None:
+        starts.append(1)
+
+    def count() -> int:
+        raise pynvml.NVMLError(
+            pynvml.NVML_ERROR_GPU_IS_LOST if lost["now"] else pynvml.NVML_ERROR_UNKNOWN
+        )
+
+    monkeypatch.setattr(nvml, "init", init)
+    monkeypatch.setattr(nvml, "shutdown", lambda: None)
+    monkeypatch.setattr(nvml, "topology", lambda health: gputopology.uniform(4, 2))
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", count)
+    published: list[GpuTopology] = []
+
+    async def publish(topology: GpuTopology) -> None:
+        published.append(topology)
+
+    monitor = gpu_monitor.GpuMonitor(publish, error_retry=0.01)
+    task = asyncio.create_task(monitor.run())
+    try:
+        for _ in range(500):
+            if task.done() or monitor.state.startswith("error"):
+                break
+            await asyncio.sleep(0.01)
+        assert not task.done(), task.exception() if task.done() else None
+        assert monitor.state.startswith("error: NVML event registration")
+        lost["now"] = False
+        for _ in range(500):
+            if len(starts) >= 3:
+                break
+            await asyncio.sleep(0.01)
+        # Started over through its own retry, as for any NVML fault.
+        assert len(starts) >= 3
+        assert not task.done()
+        assert published
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task

@@ -296,3 +296,63 @@ def test_node_taint_matches_the_last_observation(observations: list[frozenset[st
             if isinstance(action, SyncNode):
                 applied = tuple(t.notice.event_id for t in action.notices)
         assert set(applied) == set(seen)
+
+
+def test_a_forged_ack_while_a_notice_is_live_evicts_nobody_early() -> None:
+    store = Store()
+    store.set_pods([pod("w0"), pod("w1")])
+    store.observe("aws", [notice()], T0)
+    run(store, T0)
+    # Another pod's name with the caller's own uid, a made-up uid, a pod of another node.
+    assert store.acknowledge(PodKey("ns/w0"), PodUid("uid-w1"), 7) is AckOutcome.NOT_ON_NODE
+    assert store.acknowledge(PodKey("ns/w0"), PodUid("uid-forged"), 7) is AckOutcome.NOT_ON_NODE
+    assert store.acknowledge(PodKey("ns/w5"), PodUid("uid-w5"), 7) is AckOutcome.NOT_ON_NODE
+    assert not any(isinstance(a, EvictPod) for a in run(store, at(100)))
+    assert {r["pod"]: r["acked_step"] for r in store.pod_report()} == {"ns/w0": None, "ns/w1": None}
+    late = run(store, at(105))  # the margin, as if no ack had come
+    assert [(a.pod.key, a.why) for a in late if isinstance(a, EvictPod)] == [
+        ("ns/w0", "deadline"),
+        ("ns/w1", "deadline"),
+    ]
+
+
+def test_an_ack_after_the_notice_was_withdrawn_is_refused() -> None:
+    store = Store()
+    store.set_pods([pod("w0")])
+    store.observe("gcp", [notice("gcp-1", source="gcp", lead=300)], T0)
+    run(store, T0)
+    # Withdrawn, and the pod not yet told so (its withdrawal has not been carried out).
+    store.observe("gcp", [], at(1))
+    assert store.acknowledge(PodKey("ns/w0"), PodUid("uid-w0"), 3) is AckOutcome.NOT_UNDER_NOTICE
+    assert run(store, at(1)) == [SyncNode(()), WithdrawPod(pod("w0"))]
+    assert store.acknowledge(PodKey("ns/w0"), PodUid("uid-w0"), 3) is AckOutcome.NOT_UNDER_NOTICE
+
+
+def test_a_pod_told_over_grpc_only_cannot_ack_once_the_notice_is_gone() -> None:
+    """The workers heard the notice, its annotation failed, then the notice was withdrawn: a
+    later ack must not stick and evict the pod the moment the next notice arrives."""
+    store = Store()
+    store.set_pods([pod("w0")])
+    first = notice("gcp-1", source="gcp", lead=300)
+    store.observe("gcp", [first], T0)
+    for action in store.due(T0):
+        if isinstance(action, NotifyPod):
+            store.heard(action.pod.uid, action.notice)
+        store.record(action, ok=not isinstance(action, NotifyPod), now=T0)
+    assert store.acknowledge(PodKey("ns/w0"), PodUid("uid-w0"), 2) is AckOutcome.ACCEPTED
+    store.observe("gcp", [], at(1))
+    assert run(store, at(1)) == [SyncNode(())]
+    assert store.acknowledge(PodKey("ns/w0"), PodUid("uid-w0"), 3) is AckOutcome.NOT_UNDER_NOTICE
+    store.observe("gcp", [notice("gcp-2", source="gcp", lead=300)], at(10))
+    # Told about the new notice, and not evicted for an ack that belonged to no notice.
+    assert not any(isinstance(a, EvictPod) for a in settle(store, at(10)))
+    assert not any(isinstance(a, EvictPod) for a in settle(store, at(200)))
+
+
+def test_an_ack_before_the_pod_hears_of_its_notice_is_refused() -> None:
+    store = Store()
+    store.set_pods([pod("w0")])
+    store.observe("aws", [notice()], T0)
+    # Live, but nothing told to the pod yet: it cannot have checkpointed for it.
+    assert store.acknowledge(PodKey("ns/w0"), PodUid("uid-w0"), 3) is AckOutcome.NOT_UNDER_NOTICE
+    assert not any(isinstance(a, EvictPod) for a in settle(store, at(1)))

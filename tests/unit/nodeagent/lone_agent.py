@@ -1,0 +1,51 @@
+"""``python -m tests.unit.nodeagent.lone_agent METADATA_URL SOCKET KUBELET_SOCKET``: the agent
+with its GPU monitor, in a process of its own (NVML is found through ``LD_LIBRARY_PATH``, as on
+a node), the API server side in memory. Prints ``{"port": N}`` once its endpoints answer, then
+runs until terminated. Fast retries, so faults and recoveries show within a second."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+
+from nodeagent import health, podresources
+from nodeagent.agent import Agent
+from nodeagent.gpu.monitor import GpuMonitor
+from nodeagent.notify.server import serve
+from nodeagent.providers import HttpSettings
+from nodeagent.providers.aws import AwsProvider
+from tests.unit.nodeagent.notice_socket import Cluster
+
+
+async def main(metadata_url: str, socket_path: str, kubelet_socket: str) -> None:
+    provider = AwsProvider(settings=HttpSettings(metadata_url, interval=0.05, timeout=0.5))
+    agent = Agent(Cluster(), [provider], node_name="gpu-0")
+
+    async def owners() -> dict[str, str]:
+        return await podresources.gpu_owners(kubelet_socket, time_limit=0.5)
+
+    agent.gpu = GpuMonitor(
+        agent.publish_topology,
+        owners=owners,
+        owners_every=0.1,
+        on_faults=lambda notices: agent.observed("gpu", notices),
+        clock=agent.clock,
+        absent_retry=0.2,
+        error_retry=0.2,
+    )
+    grpc_server = await serve(agent.service, socket_path)
+    runner, port = await health.serve(agent, "127.0.0.1", 0)
+    agent.start()
+    print(json.dumps({"port": port}), flush=True)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await agent.stop()
+    await grpc_server.stop(0)
+    await runner.cleanup()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:4]))

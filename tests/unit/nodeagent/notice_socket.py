@@ -1,0 +1,168 @@
+"""An agent serving the Notices gRPC service on a real unix socket, its event loop in a thread
+of its own, so that a test (and hypothesis) can call it with the ordinary blocking client.
+
+The API server side is in memory and records every eviction and deletion: what a user would
+notice of a wrong ack is their pod evicted before its deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+
+from nodeagent.agent import Agent
+from nodeagent.events import EventId, Kind, Notice, Pod, PodKey, PodUid, Tracked
+from nodeagent.notify import notices_pb2 as pb
+from nodeagent.notify import rpc
+from nodeagent.notify.server import serve
+
+T = TypeVar("T")
+
+#: The pods bound to this node: (namespace, name, uid).
+PODS = (
+    ("train", "worker-0", "6f1c0a52-0000-4000-8000-000000000000"),
+    ("train", "worker-1", "6f1c0a52-0000-4000-8000-000000000001"),
+)
+CHANNEL = "aws/spot"
+
+
+def identity(namespace: str, name: str, uid: str) -> pb.PodIdentity:
+    return pb.PodIdentity(namespace=namespace, name=name, uid=uid)
+
+
+def notice(event_id: str = "spot-1", lead: timedelta = timedelta(hours=1)) -> Notice:
+    return Notice(
+        event_id=EventId(event_id),
+        source="aws",
+        channel=CHANNEL,
+        kind=Kind.TERMINATE,
+        deadline=datetime.now(UTC) + lead,
+        reason="spot interruption",
+    )
+
+
+class Cluster:
+    """Always answers; keeps the evictions and deletions it was asked for."""
+
+    dry_run = False
+
+    def __init__(self) -> None:
+        self.last_ok = time.monotonic()
+        self.pods = [Pod(key=PodKey(f"{ns}/{name}"), uid=PodUid(uid)) for ns, name, uid in PODS]
+        self.evicted: list[tuple[str, str]] = []
+        self.deleted: list[str] = []
+
+    def read_revocation(self) -> list[Tracked]:
+        return []
+
+    def list_pods(self) -> list[Pod]:
+        self.last_ok = time.monotonic()
+        return [p for p in self.pods if p.key not in self.deleted]
+
+    def sync_node(self, tracked: Sequence[Tracked]) -> None: ...
+    def annotate_pod(self, pod: Pod, notice: Notice) -> bool:
+        return True
+
+    def clear_pod(self, pod: Pod) -> bool:
+        return True
+
+    def evict(self, pod: Pod, reason: str) -> bool:
+        self.evicted.append((pod.key, reason))
+        return True
+
+    def delete(self, pod: Pod, grace_seconds: int) -> bool:
+        self.deleted.append(pod.key)
+        return True
+
+    def write_topology(self, text: str) -> None: ...
+
+
+class SocketAgent:
+    """Start with :meth:`start`, stop with :meth:`stop`; ``stub`` is a blocking client."""
+
+    def __init__(self, socket_path: Path) -> None:
+        self.socket_path = str(socket_path)
+        self.cluster = Cluster()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="agent", daemon=True)
+        self.agent: Agent | None = None
+        self._server: Any = None
+        self.channel: Any = None
+        self.stub: Any = None
+
+    def call(self, make: Callable[[], Any], timeout: float = 10.0) -> Any:
+        """Run a coroutine (made in the agent's loop) and wait for its result."""
+
+        async def run() -> Any:
+            return await make()
+
+        future: Future[Any] = asyncio.run_coroutine_threadsafe(run(), self.loop)
+        return future.result(timeout)
+
+    def start(self) -> None:
+        self._thread.start()
+
+        async def start() -> Agent:
+            agent = Agent(self.cluster, [], node_name="gpu-0")
+            self._server = await serve(agent.service, self.socket_path)
+            agent.start()
+            return agent
+
+        self.agent = self.call(start)
+        self.channel = grpc.insecure_channel(f"unix:{self.socket_path}")
+        self.stub = rpc.NoticesStub(self.channel)
+        self.until(lambda: self.a.restored, "the agent restored its state")
+
+    @property
+    def a(self) -> Agent:
+        assert self.agent is not None
+        return self.agent
+
+    def stop(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+
+        async def stop() -> None:
+            await self.a.stop()
+            await self._server.stop(0)
+
+        self.call(stop)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+    def observe(self, notices: Sequence[Notice]) -> None:
+        """A metadata read of the spot channel that saw ``notices``."""
+
+        async def observed() -> None:
+            self.a.observed(CHANNEL, notices)
+
+        self.call(observed)
+
+    def settle(self) -> None:
+        """Wait until the reconcile loop has run at least twice more (all that is due is done)."""
+        start = self.a.reconciles
+        for _ in range(2):
+            self.loop.call_soon_threadsafe(self.a.wake)
+            time.sleep(0.02)
+        self.until(lambda: self.a.reconciles >= start + 2, "the reconcile loop turned")
+
+    def until(self, check: Callable[[], T], what: str, seconds: float = 10.0) -> T:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            value = check()
+            if value:
+                return value
+            time.sleep(0.01)
+        raise AssertionError(f"timed out waiting until {what}")
+
+    def acked(self) -> dict[str, object]:
+        return {str(r["pod"]): r["acked_step"] for r in self.a.store.pod_report()}
