@@ -17,7 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -289,11 +289,20 @@ def down(run_dir: Path, *, say: Say = _say) -> list[str]:
     return stubborn
 
 
-def restart(cluster: Cluster, name: str, *, say: Say = _say, timeout: float = 120) -> Cluster:
+def restart(
+    cluster: Cluster,
+    name: str,
+    *,
+    say: Say = _say,
+    timeout: float = 120,
+    argv: Sequence[str] | None = None,
+) -> Cluster:
     """Stop one component and start it again with the same command line and ports.
 
-    For fault-injection tests (an API server or etcd restart under load). Waits until the API
-    server answers ``/readyz`` again; the run folder's state records the new process.
+    For fault-injection tests (an API server or etcd restart under load). ``argv`` replaces the
+    command line (e.g. the API server's with tiny in-flight limits; a later restart with the
+    original one undoes it). Waits until the API server answers ``/readyz`` again; the run
+    folder's state records the new process.
     """
     index = next((i for i, p in enumerate(cluster.procs) if p.name == name), None)
     if index is None:
@@ -303,9 +312,8 @@ def restart(cluster: Cluster, name: str, *, say: Say = _say, timeout: float = 12
         raise StartError(f"{name} was recorded without its command line; restart the cluster")
     process.stop(old)
     say(f"devcluster: restarting {name}")
-    new, _popen = process.spawn(
-        name, list(old.argv), Path(old.log), die_with_parent=old.die_with_parent
-    )
+    command = list(argv) if argv is not None else list(old.argv)
+    new, _popen = process.spawn(name, command, Path(old.log), die_with_parent=old.die_with_parent)
     cluster.procs[index] = new
     cluster.save()
     tls = _tls_context(cluster.run_dir)

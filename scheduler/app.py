@@ -63,6 +63,7 @@ def run(settings: CliSettings) -> int:
     # Events and conditions get their own budget (as kube-scheduler's event client does), so
     # telling users about a decision never slows down carrying it out.
     reporter = ApiReporter(api, TokenBucket(float(settings.qps), int(settings.burst)), name)
+    metrics.status_backlog.set_function(lambda: reporter.backlog)
     runner = Runner(
         cache,
         ApiBinder(api, limiter),

@@ -52,3 +52,23 @@ class Metrics:
             "Gangs whose definition is wrong (see their Warning events).",
             registry=self.registry,
         )
+        self.queue_entries = Gauge(
+            "shoal_scheduler_queue_entries",
+            "Gangs the queue remembers (attempts and backoff); pruned to the gangs that exist.",
+            registry=self.registry,
+        )
+        self.binds_in_flight = Gauge(
+            "shoal_scheduler_binds_in_flight",
+            "Bindings sent and not yet answered.",
+            registry=self.registry,
+        )
+        self.cached_pods = Gauge(
+            "shoal_scheduler_cached_pods",
+            "Pods in the scheduler's cache (every pod the informer sees, any scheduler).",
+            registry=self.registry,
+        )
+        self.status_backlog = Gauge(
+            "shoal_scheduler_status_backlog",
+            "Status writes (conditions, Events, PodGroup status) waiting to be sent; capped.",
+            registry=self.registry,
+        )

@@ -177,6 +177,9 @@ class Runner:
         )
         self._report_invalid(invalid)
         self.queue.prune(g.key for g in gangs)
+        self.metrics.queue_entries.set(len(self.queue))
+        self.metrics.cached_pods.set(len(snapshot.pods))
+        self.metrics.binds_in_flight.set(self.in_flight)
         if now - self._last_status >= self.settings.status_interval:
             self._last_status = now
             for gang in gangs:

@@ -242,6 +242,9 @@ class Cache:
         for node in {assumed[0] if assumed else None, pod.node if pod else None}:
             if node is not None and key in self._on_node.get(node, {}):
                 del self._on_node[node][key]
+                if not self._on_node[node]:
+                    # Nodes come and go (spot, autoscaling): keep no entry for an empty one.
+                    del self._on_node[node]
                 self._states.pop(node, None)
 
     def _index(self, key: PodKey) -> None:

@@ -6,6 +6,11 @@ remembering the newest resourceVersion; when a watch ends, watch again from ther
 ``410 Gone`` (the version was compacted away) list again. Any other failure is logged and retried
 after a capped backoff, so a flaky API server never kills the scheduler.
 
+Every request has a client-side timeout: a connection that goes silent (a stalled load balancer,
+a half-open TCP connection after a network partition) ends in an error and a retry, not in an
+informer that waits forever while the cache goes stale. A watch is allowed its server-side
+timeout plus a margin, so a healthy watch always ends on the server's side first.
+
 Objects are decoded with ``json.loads`` rather than the generated models: the scheduler needs a
 few fields of many objects, and raw dicts are several times faster to read.
 """
@@ -25,6 +30,10 @@ from kubernetes.watch.watch import iter_resp_lines
 log = structlog.get_logger("scheduler.informer")
 
 Lister = Callable[..., Any]  # a generated list_* method of the official client
+
+
+#: Seconds a watch may stay silent beyond its server-side timeout before the client gives up.
+WATCH_MARGIN = 30
 
 
 class Gone(Exception):
@@ -47,6 +56,7 @@ class Informer:
         page_size: int = 500,
         watch_timeout: int = 300,
         max_backoff: float = 10.0,
+        request_timeout: float = 60.0,
         list_kwargs: dict[str, Any] | None = None,
         missing_ok: bool = False,
     ) -> None:
@@ -56,6 +66,7 @@ class Informer:
         self._page_size = page_size
         self._watch_timeout = watch_timeout
         self._max_backoff = max_backoff
+        self._request_timeout = request_timeout
         self._kwargs = dict(list_kwargs or {})
         self._missing_ok = missing_ok
         self.synced = threading.Event()
@@ -122,7 +133,9 @@ class Informer:
             kwargs: dict[str, Any] = {"limit": self._page_size, **self._kwargs}
             if cont:
                 kwargs["_continue"] = cont
-            response = self._lister(_preload_content=False, **kwargs)
+            response = self._lister(
+                _preload_content=False, _request_timeout=self._request_timeout, **kwargs
+            )
             doc = json.loads(response.data)
             response.release_conn()
             items.extend(doc.get("items") or [])
@@ -142,6 +155,8 @@ class Informer:
             allow_watch_bookmarks=True,
             timeout_seconds=self._watch_timeout,
             _preload_content=False,
+            # (connect, read): a read waits at most as long as the server keeps a watch open.
+            _request_timeout=(self._request_timeout, self._watch_timeout + WATCH_MARGIN),
             **self._kwargs,
         )
         self._response = response

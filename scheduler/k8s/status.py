@@ -116,6 +116,11 @@ class ApiReporter:
         self._max_backlog = max_backlog
         self.dropped = 0
 
+    @property
+    def backlog(self) -> int:
+        """Writes submitted and not yet finished (at most ``max_backlog``)."""
+        return self._backlog
+
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
 

@@ -85,12 +85,16 @@ class ClusterView:
 
     # -- nodes -----------------------------------------------------------------------------------
     def _nodes_listed(self, items: list[dict[str, Any]]) -> None:
-        self._cache.replace_nodes(self._node(item) for item in items)
+        fresh = [self._node(item) for item in items]
+        alive = {node.name for node in fresh}
+        self._node_problems = {k: v for k, v in self._node_problems.items() if k in alive}
+        self._cache.replace_nodes(fresh)
         self._wake(True)
 
     def _node_event(self, kind: str, raw: dict[str, Any]) -> None:
         if kind == "DELETED":
             name = (raw.get("metadata") or {}).get("name", "")
+            self._node_problems.pop(str(name), None)
             self._cache.remove_node(NodeName(str(name)))
             self._wake(False)
             return

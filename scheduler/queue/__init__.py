@@ -32,6 +32,10 @@ class GangQueue:
         self.max_backoff = max_backoff
         self._backoff: dict[GangKey, Backoff] = {}
 
+    def __len__(self) -> int:
+        """How many gangs the queue remembers (bounded by the gangs alive at the last prune)."""
+        return len(self._backoff)
+
     def ordered(self, gangs: Iterable[Gang], now: float) -> list[Gang]:
         """Gangs not backing off at ``now``, first to schedule first."""
         ready = [g for g in gangs if self.ready_at(g.key) <= now]

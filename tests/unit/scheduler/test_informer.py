@@ -9,7 +9,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from scheduler.k8s.informer import Handlers, Informer
+from scheduler.k8s.informer import WATCH_MARGIN, Handlers, Informer
 
 
 class Response:
@@ -42,9 +42,11 @@ class Script:
     def __init__(self, answers: list[Response | Exception], stop: threading.Event) -> None:
         self.answers = answers
         self.watched_from: list[str] = []
+        self.timeouts: list[object] = []
         self.stop = stop
 
     def __call__(self, **kwargs: Any) -> Response:
+        self.timeouts.append(kwargs.get("_request_timeout"))
         if kwargs.get("watch"):
             self.watched_from.append(kwargs["resource_version"])
         if not self.answers:
@@ -108,3 +110,24 @@ def test_errors_are_retried_not_fatal() -> None:
     informer.stop()
     informer.join(5)
     assert lists == [["x"]]
+
+
+def test_every_list_and_watch_has_a_client_side_timeout() -> None:
+    """A silent connection (a stalled proxy, a half-open socket) must end in an error and a
+    retry; without a timeout the informer would wait on it forever with a stale cache."""
+    done = threading.Event()
+    script = Script([listing("1", "a"), events(), listing("2", "a")], done)
+    informer = Informer(
+        "things",
+        script,
+        Handlers(on_list=lambda items: None, on_event=lambda kind, obj: None),
+        watch_timeout=300,
+        request_timeout=20,
+    )
+    informer.start()
+    assert done.wait(10)
+    informer.stop()
+    informer.join(5)
+    assert script.timeouts[0] == 20  # the list
+    assert script.timeouts[1] == (20, 300 + WATCH_MARGIN)  # the watch: connect, read
+    assert all(t is not None for t in script.timeouts)
