@@ -18,7 +18,7 @@ The caller binds what the decision says (after assuming it in the cache) and rep
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from contracts import names
@@ -106,8 +106,15 @@ def _request(
     )
 
 
-def decide(gang: Gang, others: Iterable[Gang], snapshot: Snapshot, config: Config) -> Decision:
-    """The decision for ``gang`` on ``snapshot``; ``others`` are the other gangs with work."""
+def decide(
+    gang: Gang,
+    others: Iterable[Gang],
+    snapshot: Snapshot,
+    config: Config,
+    decided: Collection[GangKey] = (),
+) -> Decision:
+    """The decision for ``gang`` on ``snapshot``; ``others`` are the other gangs with work
+    (those in ``decided`` were already placed on ``snapshot`` and wait for nothing)."""
     pending = list(gang.pending)
     need = gang.min_missing
     bindings: list[Assignment] = []
@@ -134,7 +141,7 @@ def decide(gang: Gang, others: Iterable[Gang], snapshot: Snapshot, config: Confi
     held = False
     surplus_why: Unschedulable | None = None
     if room > 0 and pending:
-        held = _min_fits(others, gang, snapshot, config)
+        held = _min_fits(others, gang, snapshot, config, decided)
         if not held:
             bound: list[NodeName] = [p.node for p in gang.bound if p.node is not None]
             bound.extend(a.node for a in bindings)
@@ -176,9 +183,15 @@ def _reclaim(
     return replace(decision, victims=found.victims, nominated=found.placement.assignments)
 
 
-def _min_fits(others: Iterable[Gang], gang: Gang, snapshot: Snapshot, config: Config) -> bool:
+def _min_fits(
+    others: Iterable[Gang],
+    gang: Gang,
+    snapshot: Snapshot,
+    config: Config,
+    skip: Collection[GangKey] = (),
+) -> bool:
     for other in others:
-        if other.key == gang.key or not min_waiting(other):
+        if other.key == gang.key or other.key in skip or not min_waiting(other):
             continue
         pods = list(other.pending)[: other.min_missing]
         found = place(_request(other, pods, config, surplus=False), snapshot.nodes)
@@ -204,21 +217,45 @@ def run_cycle(
     (no new victims are chosen for such a gang). Returns ``None`` when no gang is ready at
     ``now``.
     """
+    turn = decide_in_turn(gangs, queue, snapshot, now, config, reserved=reserved, leaving=leaving)
+    return next(turn, None)
+
+
+def decide_in_turn(
+    gangs: Sequence[Gang],
+    queue: GangQueue,
+    snapshot: Snapshot,
+    now: float,
+    config: Config,
+    *,
+    reserved: Mapping[GangKey, Sequence[tuple[NodeName, Resources]]] | None = None,
+    leaving: Mapping[GangKey, int] | None = None,
+) -> Generator[Decision]:
+    """``run_cycle`` for every ready gang in turn, lazily: each decision is made on the snapshot
+    with the bindings of the decisions before it, and recorded in ``queue`` before it is
+    yielded. The caller takes as many as it likes (one cycle's worth) and must stop after a
+    decision with victims: the room it holds changes what the next gangs may use.
+
+    Ordering and gang building are paid once for the lot, not once per decision.
+    """
     reserved = reserved or {}
     leaving = leaving or {}
     working = [g for g in gangs if has_work(g)]
     # Minimums first (in queue order), surplus after: growth never delays someone's quorum.
     ready = sorted(queue.ordered(working, now), key=lambda g: g.min_missing == 0)
+    decided: set[GangKey] = set()
     for gang in ready:
         view = snapshot.with_reserved(
             r for key, held in reserved.items() if key != gang.key for r in held
         )
-        decision = decide(gang, working, view, config)
+        decision = decide(gang, working, view, config, decided)
         if decision.unschedulable is not None and min_waiting(gang):
             decision = _reclaim(decision, gangs, view, config, leaving.get(gang.key, 0))
         if decision.unschedulable is None and decision.progressed:
             queue.succeeded(gang.key)
         else:
             queue.failed(gang.key, now)
-        return decision
-    return None
+        decided.add(gang.key)
+        if decision.bindings:
+            snapshot = snapshot.with_assignments(decision.bindings)
+        yield decision

@@ -24,7 +24,7 @@ import structlog
 
 from contracts import names
 from scheduler.cache import Cache
-from scheduler.cycle import Config, Decision, has_work, run_cycle
+from scheduler.cycle import Config, Decision, decide_in_turn, has_work
 from scheduler.gang import GangBuilder
 from scheduler.metrics import Metrics
 from scheduler.model import (
@@ -87,6 +87,11 @@ class Settings:
     status_interval: float = 2.0
     #: The longest the loop sleeps with nothing to do.
     idle_wait: float = 5.0
+    #: One cycle decides for up to this many gangs in turn on its snapshot (each on the room
+    #: the ones before it left), for at most ``batch_seconds``: building the snapshot and the
+    #: gangs is paid once per cycle, not once per gang.
+    batch_decisions: int = 64
+    batch_seconds: float = 0.1
     #: Seconds between asking a reclaimed pod to leave and evicting it.
     reclaim_grace: float = 30.0
     #: Room held for a gang after its victims were chosen, beyond the grace.
@@ -189,7 +194,7 @@ class Runner:
         leaving = self._track_victims(gangs, snapshot.pods, now)
 
         decide_started = time.perf_counter()
-        decision = run_cycle(
+        turn = decide_in_turn(
             gangs,
             self.queue,
             snapshot,
@@ -198,14 +203,34 @@ class Runner:
             reserved={k: held for k, (held, _) in self._held.items()},
             leaving=leaving,
         )
-        decided = time.perf_counter()
-        if decision is None:
+        first: Decision | None = None
+        for count, decision in enumerate(turn, start=1):
+            decided = time.perf_counter()
+            first = first or decision
+            self._cycle += 1
+            self.metrics.decision_seconds.observe(decided - decide_started)
+            self._apply(decision, snapshot.pods, now)
+            duration = time.perf_counter() - started
+            self._log_decision(
+                decision, len(working), len(snapshot.nodes), decided - decide_started, duration
+            )
+            if (
+                decision.victims
+                or count >= self.settings.batch_decisions
+                or time.perf_counter() - started >= self.settings.batch_seconds
+            ):
+                break
+            started = decide_started = time.perf_counter()
+        turn.close()
+        if first is None:
             times = [t for t in [self.queue.next_ready(g.key for g in working)] if t is not None]
             times.extend(deadline for _, deadline in self._victims.values())
             return None, min(times) if times else None
-        self._cycle += 1
-        self.metrics.decision_seconds.observe(decided - decide_started)
-        self._apply(decision, snapshot.pods, now)
+        return first, None
+
+    def _log_decision(
+        self, decision: Decision, pending_gangs: int, nodes: int, decide: float, duration: float
+    ) -> None:
         if decision.min_count or (decision.bindings and decision.unschedulable is None):
             result = "scheduled"
         elif decision.victims:
@@ -214,7 +239,6 @@ class Runner:
             result = "unschedulable"
         else:
             result = "idle"
-        duration = time.perf_counter() - started
         self.metrics.cycle_seconds.labels(result).observe(duration)
         gang = decision.gang
         log.info(
@@ -229,13 +253,12 @@ class Runner:
             placed_surplus=len(decision.bindings) - decision.min_count,
             surplus_held=decision.surplus_held,
             victims=len(decision.victims),
-            pending_gangs=len(working),
-            nodes=len(snapshot.nodes),
-            decide_ms=round((decided - decide_started) * 1000, 3),
+            pending_gangs=pending_gangs,
+            nodes=nodes,
+            decide_ms=round(decide * 1000, 3),
             cycle_ms=round(duration * 1000, 3),
             reason=decision.unschedulable.message() if decision.unschedulable else None,
         )
-        return decision, None
 
     def _apply(self, decision: Decision, pods: Mapping[PodKey, PodRequest], now: float) -> None:
         gang = decision.gang

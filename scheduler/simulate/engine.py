@@ -4,8 +4,8 @@ Model, stated so results can be read correctly:
 
 - Time is virtual. Events (job arrival, job completion, a node joining, a revocation notice, a
   node disappearing, a metrics sample) are processed in time order; after each batch of events
-  at one instant the scheduler runs cycles (:func:`scheduler.cycle.run_cycle`) until no gang is
-  ready, exactly as the live scheduler does after a cluster event.
+  at one instant the scheduler runs cycles (:func:`scheduler.cycle.decide_in_turn`, one decision
+  per snapshot) until no gang is ready, as the live scheduler does after a cluster event.
 - A job is a gang of ``max_pods`` members of ``pod_gpus`` GPUs; it makes progress only while at
   least ``min_pods`` members are bound, at a rate proportional to the members bound (linear
   scaling), and finishes when it has done ``duration`` seconds of full-size work.
@@ -39,7 +39,7 @@ from typing import Any
 from contracts import names
 from scheduler import topology
 from scheduler.cache import Cache, Snapshot
-from scheduler.cycle import Config, Decision, run_cycle
+from scheduler.cycle import Config, Decision, decide_in_turn
 from scheduler.model import Gang, GangKey, Node, NodeName, PodKey, PodRequest, Resources
 from scheduler.placement.score import Weights
 from scheduler.queue import GangQueue
@@ -431,9 +431,13 @@ class Simulation:
             reserved = {k: held for k, (held, _) in self.held.items()}
             snapshot = self.cache.snapshot()
             started = time.perf_counter()
-            decision = run_cycle(
+            # The live loop's decisions, one per snapshot: cycles cost no virtual time, so
+            # there is nothing to amortise by deciding several gangs on one snapshot.
+            turn = decide_in_turn(
                 gangs, self.queue, snapshot, now, self.config, reserved=reserved, leaving=leaving
             )
+            decision = next(turn, None)
+            turn.close()
             if decision is None:
                 return
             self.result.cycles += 1

@@ -164,3 +164,38 @@ def test_invalid_gangs_are_reported_and_do_not_stop_the_others() -> None:
     loop.run_once()
     assert recorder.bound == [("good", "n0")]
     assert any("must be at least 1, got 0" in m for m in recorder.invalid_seen)
+
+
+def test_one_cycle_decides_gangs_in_turn_on_the_room_the_earlier_ones_left() -> None:
+    cache = Cache()
+    for i in range(2):
+        cache.set_node(node(f"n{i}", gpus=8))
+    # Three gangs of two 4-GPU pods and room for two of them: one cycle places the first two
+    # (never the same GPUs twice) and reports the third unschedulable.
+    for g in ("a", "b", "c"):
+        for i in range(2):
+            cache.set_pod(pod(f"{g}{i}", gpus=4, gang=g, min_member="2", created=ord(g)))
+    recorder = Recorder()
+    loop = runner(cache, recorder, Clock())
+    decision, _ = loop.run_once()
+    assert decision is not None
+    assert decision.gang.name == "a"
+    per_node: dict[str, int] = {}
+    for _, where in recorder.bound:
+        per_node[where] = per_node.get(where, 0) + 4
+    assert sorted(name for name, _ in recorder.bound) == ["a0", "a1", "b0", "b1"]
+    assert all(used <= 8 for used in per_node.values()), per_node
+    assert "c" in recorder.messages
+
+
+def test_a_cycle_decides_at_most_its_batch() -> None:
+    cache = Cache()
+    cache.set_node(node("n0", gpus=8))
+    for i in range(5):
+        cache.set_pod(pod(f"p{i}", gpus=1, created=i))
+    recorder = Recorder()
+    loop = runner(cache, recorder, Clock(), batch_decisions=2)
+    loop.run_once()
+    assert [name for name, _ in recorder.bound] == ["p0", "p1"]
+    loop.run_once()
+    assert [name for name, _ in recorder.bound] == ["p0", "p1", "p2", "p3"]

@@ -270,7 +270,7 @@ def test_the_simulator_uses_the_live_cycle_and_placement_functions(
     from scheduler.placement import search
 
     # The very function objects the live loop calls.
-    assert vars(engine)["run_cycle"] is vars(runner)["run_cycle"] is cycle.run_cycle
+    assert vars(engine)["decide_in_turn"] is vars(runner)["decide_in_turn"] is cycle.decide_in_turn
     assert vars(cycle)["place"] is search.place
     assert vars(engine)["topology"] is topology
     # And they are what runs: spy on the live modules' placement search and reclaim planner.
