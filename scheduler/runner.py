@@ -135,6 +135,10 @@ class Runner:
         self._held: dict[GangKey, tuple[tuple[tuple[NodeName, Resources], ...], float]] = {}
         self.in_flight = 0
         self._lock = threading.Lock()
+        # Gangs whose binding failed since the last cycle (written by bind threads): they back
+        # off like a gang that did not fit, so a throttled or failing API server is not
+        # hammered with immediate retries.
+        self._bind_failed: list[tuple[GangKey, float]] = []
 
     def wake(self, *, freed: bool = False) -> None:
         """Something changed; ``freed`` when room may have appeared (ends every backoff)."""
@@ -174,6 +178,10 @@ class Runner:
         if self._freed.is_set():
             self._freed.clear()
             self.queue.wake()
+        with self._lock:
+            failed, self._bind_failed = self._bind_failed, []
+        for gang_key, when in dict(failed).items():
+            self.queue.failed(gang_key, when)
         for key in self.cache.expire(now):
             log.warning("assume_expired", pod=key)
         snapshot = self.cache.snapshot()
@@ -305,7 +313,11 @@ class Runner:
         self.cache.forget(a.pod)
         log.warning("bind_failed", pod=a.pod, node=a.node, gang=gang.key, error=error)
         self.reporter.bind_failed(pod, a.node, error)
-        self.wake(freed=True)
+        with self._lock:
+            self._bind_failed.append((gang.key, self._clock()))
+        # Not "freed": the room was only assumed, and ending every backoff on each failure
+        # turns a throttling API server (429) into a retry storm.
+        self.wake()
 
     # -- reclaim -----------------------------------------------------------------------------------
     def _reclaim(self, decision: Decision, pods: Mapping[PodKey, PodRequest], now: float) -> None:

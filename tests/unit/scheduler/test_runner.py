@@ -199,3 +199,22 @@ def test_a_cycle_decides_at_most_its_batch() -> None:
     assert [name for name, _ in recorder.bound] == ["p0", "p1"]
     loop.run_once()
     assert [name for name, _ in recorder.bound] == ["p0", "p1", "p2", "p3"]
+
+
+def test_a_failed_binding_backs_its_gang_off_instead_of_retrying_at_once() -> None:
+    cache = Cache()
+    cache.set_node(node("n0", gpus=8))
+    cache.set_pod(pod("a", gpus=1))
+    recorder = Recorder(fail={"a"})  # e.g. the API server answers 429
+    clock = Clock()
+    loop = runner(cache, recorder, clock, initial_backoff=1.0)
+    loop.run_once()
+    assert recorder.messages["a"].startswith("409")
+    recorder.fail.clear()
+    decision, next_at = loop.run_once()  # the same instant: the gang waits out its backoff
+    assert decision is None
+    assert next_at == clock.now + 1.0
+    assert recorder.bound == []
+    clock.now += 1.0
+    loop.run_once()
+    assert recorder.bound == [("a", "n0")]
