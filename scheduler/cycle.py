@@ -3,7 +3,9 @@
 The story of a cycle:
 
 1. Take the first gang in queue order (priority, then age) that has work: pending members and
-   an unmet minimum; only when none is ready, one with room below its maximum.
+   an unmet minimum; only when none is ready, one with room below its maximum. A gang torn
+   below its minimum (bound members, but fewer than the minimum: its scheduler died between two
+   binds) comes before all of them unless it is backing off.
 2. Minimum: if the gang still needs ``k`` members to reach its minimum, place exactly ``k`` pending
    members on the snapshot — all of them or none. Fewer than ``k`` pending pods means none is
    placed (no member ever waits bound for the rest of its gang: no Permit-style holding).
@@ -77,6 +79,11 @@ def has_work(gang: Gang) -> bool:
     if not gang.pending:
         return False
     return gang.min_missing > 0 or gang.surplus_room > 0
+
+
+def torn(gang: Gang) -> bool:
+    """Some members are bound, but fewer than the minimum: finishing it comes before anything."""
+    return bool(gang.bound) and gang.min_missing > 0
 
 
 def min_waiting(gang: Gang) -> bool:
@@ -241,8 +248,10 @@ def decide_in_turn(
     reserved = reserved or {}
     leaving = leaving or {}
     working = [g for g in gangs if has_work(g)]
-    # Minimums first (in queue order), surplus after: growth never delays someone's quorum.
-    ready = sorted(queue.ordered(working, now), key=lambda g: g.min_missing == 0)
+    # A gang torn below its minimum (its scheduler died between binds, or a bind failed) first:
+    # its bound members hold room until the rest joins them. Then minimums (in queue order),
+    # surplus after: growth never delays someone's quorum.
+    ready = sorted(queue.ordered(working, now), key=lambda g: (not torn(g), g.min_missing == 0))
     decided: set[GangKey] = set()
     for gang in ready:
         view = snapshot.with_reserved(

@@ -38,8 +38,11 @@ KWOK_TOLERATION = {
 }
 
 
-def eventually(probe: Callable[[], T | None], *, timeout: float = 90, what: str = "") -> T:
-    """Poll ``probe`` until it returns something truthy; fail naming ``what`` otherwise."""
+def eventually(
+    probe: Callable[[], T | None], *, timeout: float = 90, interval: float = 0.25, what: str = ""
+) -> T:
+    """Poll ``probe`` every ``interval`` s until it returns something truthy; fail naming
+    ``what`` otherwise."""
     deadline = time.monotonic() + timeout
     while True:
         value = probe()
@@ -47,7 +50,7 @@ def eventually(probe: Callable[[], T | None], *, timeout: float = 90, what: str 
             return value
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.25)
+        time.sleep(interval)
 
 
 @pytest.fixture(scope="session")
@@ -96,7 +99,8 @@ class SchedulerProcess:
     port: int = 0
     logs: list[Path] = field(default_factory=list)
 
-    def start(self) -> SchedulerProcess:
+    def start(self, *, wait: bool = True) -> SchedulerProcess:
+        """Start the process; with ``wait`` (the default) return once /readyz answers 200."""
         self.port = _free_port()
         path = self.log_dir / f"{self.name}-{uuid.uuid4().hex[:6]}.log"
         self.logs.append(path)
@@ -126,7 +130,8 @@ class SchedulerProcess:
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         log.close()
-        eventually(lambda: self.get("/readyz")[0] == 200, what=f"{self.name} /readyz")
+        if wait:
+            eventually(lambda: self.get("/readyz")[0] == 200, what=f"{self.name} /readyz")
         return self
 
     def get(self, path: str) -> tuple[int, str]:
@@ -179,12 +184,12 @@ def start_scheduler(
 ) -> Iterator[Callable[..., SchedulerProcess]]:
     started: list[SchedulerProcess] = []
 
-    def start(*extra: str, name: str | None = None) -> SchedulerProcess:
+    def start(*extra: str, name: str | None = None, wait: bool = True) -> SchedulerProcess:
         proc = SchedulerProcess(
             devcluster.kubeconfig, name or scheduler_name, tmp_path, extra=list(extra)
         )
         started.append(proc)
-        return proc.start()
+        return proc.start(wait=wait)
 
     yield start
     for proc in started:

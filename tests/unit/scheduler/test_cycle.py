@@ -140,6 +140,40 @@ def test_higher_priority_wins_over_age() -> None:
     assert bound(cycle(snapshot(nodes, pods), GangQueue())) == {"vip": "n0"}
 
 
+def test_a_gang_torn_below_its_minimum_is_finished_before_older_gangs() -> None:
+    # The scheduler died (or a bind failed) after binding t0 of the gang's minimum of two. An
+    # older gang that would fit in the room t1 needs must not take it: t0 would then hold its
+    # GPUs half bound for good.
+    nodes = [node("n0")]
+    older = pod("old", gpus=4, gang="old", created=1)
+    torn = [
+        pod("t0", gpus=4, gang="torn", min_member="2", created=2, node="n0"),
+        pod("t1", gpus=4, gang="torn", min_member="2", created=2),
+    ]
+    decision = cycle(snapshot(nodes, [older, *torn]), GangQueue())
+    assert decision is not None
+    assert decision.gang.name == "torn"
+    assert bound(decision) == {"t1": "n0"}
+
+
+def test_a_torn_gang_does_not_jump_ahead_while_it_backs_off() -> None:
+    # Its remainder did not fit last time: others get their cycles (room freed ends the
+    # backoff, and then it goes first again).
+    nodes = [node("n0"), node("n1", gpus=2)]
+    torn = [
+        pod("t0", gpus=4, gang="torn", min_member="2", created=2, node="n0"),
+        pod("t1", gpus=8, gang="torn", min_member="2", created=2),
+    ]
+    small = pod("small", gpus=2, created=1)
+    queue = GangQueue()
+    snap = snapshot(nodes, [*torn, small])
+    first = cycle(snap, queue)
+    assert first is not None
+    assert first.gang.name == "torn"
+    assert first.unschedulable is not None
+    assert set(bound(cycle(snap, queue))) == {"small"}
+
+
 def test_gang_short_of_its_minimum_binds_nothing_and_plain_pods_still_schedule() -> None:
     nodes = [node("n0")]
     pods = [pod("g0", gang="g", min_member="3", created=1), pod("plain", created=2)]
