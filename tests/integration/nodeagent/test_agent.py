@@ -178,6 +178,7 @@ def aws_scene(
     yield from make_scene(devcluster, namespace, servers, tmp_path, "aws")
 
 
+@pytest.mark.reliability
 def test_restart_mid_notice_loses_nothing_and_repeats_nothing(aws_scene: Scene) -> None:
     scene = aws_scene
     scene.cloud.post()
@@ -209,6 +210,7 @@ def test_restart_mid_notice_loses_nothing_and_repeats_nothing(aws_scene: Scene) 
         worker.close()
 
 
+@pytest.mark.reliability
 def test_acks_are_refused_for_pods_not_under_notice_or_not_on_the_node(aws_scene: Scene) -> None:
     scene = aws_scene
     worker = scene.worker("trainer-0")
@@ -568,6 +570,7 @@ def azure_scene(
     yield from make_scene(devcluster, namespace, servers, tmp_path, "azure", extra=["--gpu", "off"])
 
 
+@pytest.mark.reliability
 def test_restart_after_the_azure_ack_does_not_acknowledge_twice(azure_scene: Scene) -> None:
     scene = azure_scene
     server = scene.cloud.server

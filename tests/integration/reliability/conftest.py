@@ -7,8 +7,6 @@ It reuses the scheduler tests' fixtures (a test's own node pool, pods in a fresh
 
 from __future__ import annotations
 
-import pytest
-
 from tests.integration.scheduler.conftest import (  # noqa: F401  (fixtures, by name)
     pod_group_crd,
     pods,
@@ -16,9 +14,3 @@ from tests.integration.scheduler.conftest import (  # noqa: F401  (fixtures, by 
     scheduler_name,
     start_scheduler,
 )
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if "tests/integration/reliability" in str(item.path):
-            item.add_marker(pytest.mark.reliability)

@@ -33,6 +33,8 @@ from tests.integration.reliability.owncluster import (
 )
 from tests.integration.scheduler.conftest import Pods, Pool, SchedulerProcess, eventually
 
+pytestmark = pytest.mark.reliability
+
 SECTION = "api server trouble"
 GPUS = 8
 

@@ -36,6 +36,8 @@ from tests.integration.scheduler.conftest import (
     SchedulerProcess,
 )
 
+pytestmark = pytest.mark.reliability
+
 SECTION = "load"
 PENDING = 5000
 GANG = 5

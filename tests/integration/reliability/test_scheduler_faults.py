@@ -26,6 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -33,6 +34,8 @@ from contracts import names
 from scheduler.k8s import lease
 from tests import figures
 from tests.integration.scheduler.conftest import Pods, Pool, SchedulerProcess, eventually
+
+pytestmark = pytest.mark.reliability
 
 SEED = int(os.environ.get("SHOAL_FAULT_SEED", "7321"))
 KILLS = int(os.environ.get("SHOAL_FAULT_KILLS", "50"))

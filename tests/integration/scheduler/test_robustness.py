@@ -18,6 +18,7 @@ def _gpus(pod: Any) -> int:
     return int(limits.get(names.GPU_RESOURCE, 0))
 
 
+@pytest.mark.reliability
 def test_killed_and_restarted_scheduler_double_books_nothing_and_leaves_no_partial_gang(
     pool: Pool, pods: Pods, start_scheduler: Callable[..., SchedulerProcess]
 ) -> None:
