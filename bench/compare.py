@@ -18,6 +18,9 @@ semantics, so it gets the same pods as plain pods. Every scheduler uses the same
 burst. Prints a table and writes JSON; it is a measurement, not a test.
 
     .venv/bin/python bench/compare.py --nodes 1000 --workload gangs8 --out bench-out
+
+``SHOAL_BENCH_WRAP`` prefixes Shoal's command line, to profile it in place, e.g.
+``SHOAL_BENCH_WRAP="py-spy record -r 50 -f raw -o shoal.raw --duration 35 --"``.
 """
 
 from __future__ import annotations
@@ -192,6 +195,9 @@ def run_one(
                 str(args.burst),
             ]
         )
+        if kind == "shoal" and os.environ.get("SHOAL_BENCH_WRAP"):
+            # e.g. "py-spy record -r 100 -f speedscope -o shoal.json --" to profile the run.
+            argv = [*os.environ["SHOAL_BENCH_WRAP"].split(), *argv]
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         pid = proc.pid
         cpu0 = 0.0
