@@ -246,7 +246,18 @@ def run_one(
     }
     # Pods first, with no grace: the API server drops them at once instead of waiting for kwok
     # to report each one terminated (minutes at 5,000 nodes), and the next run starts clean.
-    core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+    raw = core.list_namespaced_pod(namespace, _preload_content=False)
+    leftover = [item["metadata"]["name"] for item in json.loads(raw.data)["items"]]
+
+    def drop(name: str) -> None:
+        try:
+            core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        except client.exceptions.ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    with ThreadPoolExecutor(max_workers=16) as pool:  # one deletecollection times out (504)
+        list(pool.map(drop, leftover))
     core.delete_namespace(namespace)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
