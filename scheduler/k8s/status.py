@@ -127,11 +127,22 @@ class ApiReporter:
     # -- Reporter --------------------------------------------------------------------------------
     def unschedulable(self, gang: Gang, pods: Sequence[PodRequest], message: str) -> None:
         for pod in pods:
-            if self._changed(("pod", pod.key), message):
-                self._submit(self._pod_condition, pod, "Unschedulable", message)
-                self._submit(self._pod_event, pod, "Warning", "FailedScheduling", message)
-        if gang.pod_group and self._changed(("group", gang.pod_group), message):
-            self._submit(self._group_event, gang.pod_group, "Warning", "FailedScheduling", message)
+            key = ("pod", pod.key)
+            if self._changed(key, message):
+                self._submit(self._pod_condition, pod, "Unschedulable", message, remembered=key)
+                self._submit(
+                    self._pod_event, pod, "Warning", "FailedScheduling", message, remembered=key
+                )
+        group = ("group", gang.pod_group or "")
+        if gang.pod_group and self._changed(group, message):
+            self._submit(
+                self._group_event,
+                gang.pod_group,
+                "Warning",
+                "FailedScheduling",
+                message,
+                remembered=group,
+            )
 
     def scheduled(self, gang: Gang, pod: PodRequest, node: NodeName) -> None:
         with self._lock:
@@ -151,18 +162,30 @@ class ApiReporter:
         self._submit(self._pod_event, pod, "Warning", "Reclaimed", message)
 
     def nominated(self, pod: PodRequest, node: NodeName) -> None:
-        if self._changed(("nominated", pod.key), node):
-            self._submit(self._pod_nomination, pod, node)
+        key = ("nominated", pod.key)
+        if self._changed(key, node):
+            self._submit(self._pod_nomination, pod, node, remembered=key)
 
     def invalid(self, gang: InvalidGang) -> None:
         message = f"Gang {gang.key} is not valid: {gang.message}"
         for pod in gang.members:
             ours = pod.node is None and pod.scheduler_name == self._name
-            if ours and self._changed(("pod", pod.key), message):
-                self._submit(self._pod_condition, pod, "InvalidGang", message)
-                self._submit(self._pod_event, pod, "Warning", "InvalidGang", message)
-        if gang.pod_group and self._changed(("group", gang.pod_group), message):
-            self._submit(self._group_event, gang.pod_group, "Warning", "InvalidGang", message)
+            key = ("pod", pod.key)
+            if ours and self._changed(key, message):
+                self._submit(self._pod_condition, pod, "InvalidGang", message, remembered=key)
+                self._submit(
+                    self._pod_event, pod, "Warning", "InvalidGang", message, remembered=key
+                )
+        group = ("group", gang.pod_group or "")
+        if gang.pod_group and self._changed(group, message):
+            self._submit(
+                self._group_event,
+                gang.pod_group,
+                "Warning",
+                "InvalidGang",
+                message,
+                remembered=group,
+            )
 
     def gang_status(self, gang: Gang) -> None:
         if gang.pod_group is None:
@@ -176,8 +199,9 @@ class ApiReporter:
         else:
             phase = "Pending"
         status = {"phase": phase, "scheduled": scheduled, "running": running}
-        if self._changed(("status", gang.pod_group), repr(sorted(status.items()))):
-            self._submit(self._group_status, gang.pod_group, status)
+        key = ("status", gang.pod_group)
+        if self._changed(key, repr(sorted(status.items()))):
+            self._submit(self._group_status, gang.pod_group, status, remembered=key)
 
     # -- plumbing --------------------------------------------------------------------------------
     def _changed(self, key: tuple[str, str], content: str) -> bool:
@@ -191,28 +215,40 @@ class ApiReporter:
             self._sent[key] = content
             return True
 
-    def _submit(self, fn: Any, *args: Any) -> None:
+    def _submit(self, fn: Any, *args: Any, remembered: tuple[str, str] | None = None) -> None:
+        """Queue a write. ``remembered`` is the ``_changed`` key it reports: a write that is
+        dropped (backlog full) or fails is forgotten there, so a later cycle sends it again
+        instead of taking it as already told."""
         with self._lock:
             if self._backlog >= self._max_backlog:
                 self.dropped += 1
+                if remembered is not None:
+                    self._sent.pop(remembered, None)
                 return
             self._backlog += 1
-        self._pool.submit(self._guarded, fn, *args)
+        self._pool.submit(self._guarded, fn, *args, remembered=remembered)
 
-    def _guarded(self, fn: Any, *args: Any) -> None:
+    def _guarded(self, fn: Any, *args: Any, remembered: tuple[str, str] | None = None) -> None:
         try:
             self._limiter.acquire()
             fn(*args)
         except ApiError as exc:
             if exc.status != 404:  # the object went away meanwhile: nothing to tell
+                self._forget(remembered)
                 log.warning(
                     "status_write_failed", action=fn.__name__, status=exc.status, error=str(exc)
                 )
         except Exception:
+            self._forget(remembered)
             log.exception("status_write_crashed", action=fn.__name__)
         finally:
             with self._lock:
                 self._backlog -= 1
+
+    def _forget(self, remembered: tuple[str, str] | None) -> None:
+        if remembered is not None:
+            with self._lock:
+                self._sent.pop(remembered, None)
 
     def _pod_nomination(self, pod: PodRequest, node: NodeName) -> None:
         self._rest.call(
