@@ -61,7 +61,7 @@ def test_a_failed_write_is_sent_again_and_a_sent_one_is_not() -> None:
             raise ApiError(500, "InternalError", "etcdserver: request timed out")
 
     reporter._pod_condition = condition  # type: ignore[method-assign,assignment]
-    reporter._pod_event = lambda *args: events.append("sent")  # type: ignore[method-assign,assignment]
+    reporter._pod_event = lambda *args: events.append("sent")  # type: ignore[method-assign]
     reporter.unschedulable(gang, [member], "no room")
     _settle(reporter)
     assert conditions == ["tried"]
