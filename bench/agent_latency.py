@@ -14,7 +14,6 @@ runs as a real process against a devcluster (started here, from the cached build
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import sys
@@ -26,7 +25,7 @@ from typing import Any
 
 from kubernetes import config
 
-from devcluster import build, cluster, nodes
+from devcluster import build, cluster, nodes, process
 from nodeagent.client import PodIdentity
 from nodeagent.testing import metadata
 from tests.integration.nodeagent.harness import (
@@ -38,8 +37,6 @@ from tests.integration.nodeagent.harness import (
     worker_pod,
 )
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
@@ -50,15 +47,8 @@ def percentile(values: list[float], q: float) -> float:
 def rss_mib(pid: int, field: str = "VmRSS") -> float:
     """Resident memory; ``RssAnon`` is the part that is the process's own (heap, not the shared
     libraries' pages that every Python process on the node maps too)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    kib = process.status_kib(pid, field)
+    return float("nan") if kib is None else kib / 1024
 
 
 def run_provider(
@@ -80,7 +70,7 @@ def run_provider(
     latencies: list[float] = []
     try:
         worker.until("none")
-        busy_cpu0, busy_t0 = cpu_seconds(agent.proc.pid), time.monotonic()
+        busy_cpu0, busy_t0 = process.cpu_seconds(agent.proc.pid), time.monotonic()
         for _ in range(rounds):
             time.sleep(random.uniform(0.0, 1.0))  # a random phase against the poll  # noqa: S311
             cloud.renew()  # a fresh notice, not the withdrawn one again
@@ -90,11 +80,11 @@ def run_provider(
             latencies.append(time.monotonic() - started)
             cloud.withdraw()
             worker.until("withdrawn")
-        busy = (cpu_seconds(agent.proc.pid) - busy_cpu0) / (time.monotonic() - busy_t0)
+        busy = (process.cpu_seconds(agent.proc.pid) - busy_cpu0) / (time.monotonic() - busy_t0)
         rss = rss_mib(agent.proc.pid)
-        before = cpu_seconds(agent.proc.pid)
+        before = process.cpu_seconds(agent.proc.pid)
         time.sleep(idle)
-        cpu = (cpu_seconds(agent.proc.pid) - before) / idle
+        cpu = (process.cpu_seconds(agent.proc.pid) - before) / idle
         rss = max(rss, rss_mib(agent.proc.pid))
         anon = rss_mib(agent.proc.pid, "RssAnon")
         peak = rss_mib(agent.proc.pid, "VmHWM")

@@ -41,7 +41,7 @@ from typing import Any
 from kubernetes import client, config, watch
 
 from contracts import names
-from devcluster import build, cluster, nodes
+from devcluster import build, cluster, nodes, process
 
 WORKLOADS = {
     # name: (gangs, members, gpus per pod)
@@ -77,18 +77,6 @@ def pod_body(
             ],
         },
     }
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 class Watcher:
@@ -161,7 +149,7 @@ def run_one(
     if kind == "kube-scheduler":
         assert kube_pid is not None
         pid = kube_pid
-        cpu0 = cpu_seconds(pid)
+        cpu0 = process.cpu_seconds(pid)
         os.kill(pid, signal.SIGCONT)
     else:
         argv = (
@@ -204,8 +192,8 @@ def run_one(
     finished = watcher.done.wait(args.timeout)
     t_end = time.monotonic()
     if proc is None:
-        cpu = cpu_seconds(pid) - cpu0
-        rss = peak_rss_mib(pid)
+        cpu = process.cpu_seconds(pid) - cpu0
+        rss = (process.status_kib(pid, "VmHWM") or 0) / 1024
     else:
         # The process's own accounting, also right for one that already exited (bench-binder).
         os.kill(proc.pid, signal.SIGTERM)  # a zombie until reaped below, never reused

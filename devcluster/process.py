@@ -143,14 +143,27 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
+def status_kib(pid: int, field: str) -> int | None:
+    """A ``kB`` field of /proc/PID/status (``VmRSS``, ``VmHWM``, ``RssAnon``...); ``None`` when
+    the process or the field is gone."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return None
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds the process has used (from /proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_bytes(proc: Proc) -> int:
     """Resident memory of the process (0 when it is gone)."""
     if not alive(proc):
         return 0
-    try:
-        for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except FileNotFoundError:
-        return 0
-    return 0
+    return (status_kib(proc.pid, "VmRSS") or 0) * 1024

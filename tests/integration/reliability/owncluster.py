@@ -23,7 +23,7 @@ from kubernetes import config
 from kubernetes.client.exceptions import ApiException
 
 from contracts import names
-from devcluster import cluster
+from devcluster import cluster, process
 from tests.integration.conftest import Devcluster
 from tests.integration.scheduler.conftest import Pods, SchedulerProcess
 
@@ -155,10 +155,10 @@ def events(scheduler: SchedulerProcess, name: str) -> list[dict[str, Any]]:
 
 
 def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError(f"no VmRSS for {pid}")
+    kib = process.status_kib(pid, "VmRSS")
+    if kib is None:
+        raise AssertionError(f"no VmRSS for {pid}")
+    return kib / 1024
 
 
 def slope_per_minute(samples: list[tuple[float, float]]) -> float:
