@@ -140,7 +140,21 @@ def encode(topology: GpuTopology) -> str:
 
 
 def decode(text: str) -> GpuTopology:
-    """Parse and validate an annotation value; raises :class:`TopologyError` naming the field."""
+    """Parse and validate an annotation value; raises :class:`TopologyError` naming the field.
+
+    The checks run in document order, so the first fault in the document is the one named.
+    """
+    doc = _document(text)
+    product = _product(doc.get("product"))
+    gpus = _gpus(doc.get("gpus"))
+    links = _links(doc.get("links"), len(gpus))
+    _check_nvlink_within_islands(gpus, links)
+    allocated = _allocated(doc.get("allocated", {}), len(gpus))
+    return GpuTopology(gpus=gpus, links=links, allocated=allocated, product=product)
+
+
+def _document(text: str) -> dict[str, Any]:
+    """The JSON object of a version this module reads; refuses an oversized text unparsed."""
     if len(text.encode("utf-8", "surrogatepass")) > MAX_DOCUMENT_BYTES:
         raise TopologyError(f"document is larger than {MAX_DOCUMENT_BYTES} bytes")
     try:
@@ -152,20 +166,29 @@ def decode(text: str) -> GpuTopology:
     version = doc.get("version")
     if version != VERSION:
         raise TopologyError(f"version: expected {VERSION}, got {version!r}")
-    product = doc.get("product")
-    if product is not None and not isinstance(product, str):
-        raise TopologyError("product: must be a string")
+    return doc
 
-    raw_gpus = doc.get("gpus")
-    if not isinstance(raw_gpus, list):
+
+def _product(raw: object) -> str | None:
+    """The optional product name: absent, or a string."""
+    if raw is None or isinstance(raw, str):
+        return raw
+    raise TopologyError("product: must be a string")
+
+
+def _gpus(raw: object) -> tuple[Gpu, ...]:
+    """Every GPU, sorted by index; the indices must be exactly 0..n-1."""
+    if not isinstance(raw, list):
         raise TopologyError("gpus: must be a list")
-    gpus = tuple(_gpu(i, raw) for i, raw in enumerate(raw_gpus))
+    gpus = tuple(_gpu(i, entry) for i, entry in enumerate(raw))
     indices = [g.index for g in gpus]
     if sorted(indices) != list(range(len(gpus))):
         raise TopologyError(f"gpus: indices must be 0..{len(gpus) - 1} once each, got {indices}")
-    gpus = tuple(sorted(gpus, key=lambda g: g.index))
+    return tuple(sorted(gpus, key=lambda g: g.index))
 
-    links = _links(doc.get("links"), len(gpus))
+
+def _check_nvlink_within_islands(gpus: tuple[Gpu, ...], links: tuple[tuple[str, ...], ...]) -> None:
+    """NVLink joins GPUs of one island only: a link across islands contradicts the islands."""
     for a in gpus:
         for b in gpus:
             joined = nvlink_count(links[a.index][b.index]) > 0
@@ -175,17 +198,19 @@ def decode(text: str) -> GpuTopology:
                     f"{a.island} and {b.island}"
                 )
 
-    raw_alloc = doc.get("allocated", {})
-    if not isinstance(raw_alloc, dict):
+
+def _allocated(raw: object, gpu_count: int) -> dict[int, str]:
+    """GPU index -> the pod holding it; each key an index of this node, each pod named."""
+    if not isinstance(raw, dict):
         raise TopologyError("allocated: must be an object of GPU index -> pod")
     allocated: dict[int, str] = {}
-    for key, pod in raw_alloc.items():
-        if not (isinstance(key, str) and key.isdecimal() and int(key) < len(gpus)):
+    for key, pod in raw.items():
+        if not (isinstance(key, str) and key.isdecimal() and int(key) < gpu_count):
             raise TopologyError(f"allocated: {key!r} is not a GPU index of this node")
         if not isinstance(pod, str) or not pod:
             raise TopologyError(f"allocated[{key}]: must be a non-empty 'namespace/pod' string")
         allocated[int(key)] = pod
-    return GpuTopology(gpus=gpus, links=links, allocated=allocated, product=product)
+    return allocated
 
 
 def _int(value: object, where: str, minimum: int = 0) -> int:

@@ -1,4 +1,4 @@
-"""Label, annotation and taint keys that users and the two programs rely on (see DESIGN.md)."""
+"""Label, annotation and taint keys users and the two programs rely on (docs/architecture.md)."""
 
 from typing import Final
 
@@ -7,6 +7,10 @@ SCHEDULER_NAME: Final = "shoal-scheduler"
 
 # Gang membership.
 POD_GROUP_LABEL: Final = "scheduling.x-k8s.io/pod-group"
+#: Volcano's way for a pod to name its PodGroup (``scheduling.volcano.sh``).
+VOLCANO_GROUP_ANNOTATION: Final = "scheduling.k8s.io/group-name"
+#: The task a Volcano Job gives each of its pods (what ``minTaskMember`` counts).
+VOLCANO_TASK_ANNOTATION: Final = "volcano.sh/task-spec"
 GANG_LABEL: Final = "shoal.dev/gang"
 MIN_MEMBER_ANNOTATION: Final = "shoal.dev/min-member"
 MAX_MEMBER_ANNOTATION: Final = "shoal.dev/max-member"
@@ -63,3 +67,26 @@ KWOK_TAINT: Final = "kwok.x-k8s.io/node"
 def is_spot(labels: dict[str, str]) -> bool:
     """True when the node's labels mark it as spot / preemptible capacity."""
     return any(labels.get(key) == value for key, value in SPOT_LABELS)
+
+
+# The wiring the scheduler's admission webhook adds to its pods (README "Automatic wiring").
+#: Ask for a checkpoint volume: an existing PersistentVolumeClaim by name...
+CHECKPOINT_CLAIM_ANNOTATION: Final = "shoal.dev/checkpoint-claim"
+#: ...or a volume of this size (a quantity, e.g. ``10Gi``) that lives as long as the pod,
+CHECKPOINT_SIZE_ANNOTATION: Final = "shoal.dev/checkpoint-size"
+#: of this StorageClass (the cluster's default when absent),
+CHECKPOINT_STORAGE_CLASS_ANNOTATION: Final = "shoal.dev/checkpoint-storage-class"
+#: mounted here in every container (default ``/checkpoints``).
+CHECKPOINT_PATH_ANNOTATION: Final = "shoal.dev/checkpoint-path"
+#: Set by the webhook on a pod whose wiring request it could not follow: what was wrong.
+WIRING_WARNING_ANNOTATION: Final = "shoal.dev/wiring-warning"
+#: The worker library's environment: the pod's identity, the agent's socket, the files.
+POD_NAMESPACE_ENV: Final = "POD_NAMESPACE"
+POD_NAME_ENV: Final = "POD_NAME"
+POD_UID_ENV: Final = "POD_UID"
+SOCKET_ENV: Final = "SHOAL_SOCKET"
+LEAVE_BY_FILE_ENV: Final = "SHOAL_LEAVE_BY_FILE"
+#: The group that owns the agent's socket folder on the host (mode 2770, the agent's own group
+#: in its DaemonSet); a worker joins it to connect.
+SOCKET_GROUP: Final = 65532
+CHECKPOINT_DIR_ENV: Final = "SHOAL_CHECKPOINT_DIR"

@@ -12,7 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contracts import gputopology, names
-from nodeagent.events import EARLIEST, LATEST, EventId, Kind, Notice, Tracked, parse_rfc3339
+from contracts.times import EARLIEST, LATEST
+from nodeagent.events import EventId, Kind, Notice, Tracked, parse_rfc3339
 from nodeagent.k8s import decode_revocation, encode_revocation
 from nodeagent.k8s.cluster import _pod
 from nodeagent.store import Store

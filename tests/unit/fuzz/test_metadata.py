@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nodeagent.events import EARLIEST, LATEST, Notice
+from contracts.times import EARLIEST, LATEST
+from nodeagent.events import Notice
 from nodeagent.providers import ProviderError
 from nodeagent.providers.alibaba import AlibabaProvider
 from nodeagent.providers.aws import AwsProvider

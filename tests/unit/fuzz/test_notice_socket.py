@@ -115,8 +115,8 @@ def test_notice_socket(node: SocketAgent) -> None:
     # Nothing was acknowledged, evicted or deleted; no task of the agent crashed.
     assert set(node.acked().values()) == {None}
     assert (node.cluster.evicted, node.cluster.deleted) == ([], [])
-    assert node.a.crashes == {}
-    assert node.a.live()[0]
+    assert node.a.guard.crashes == {}
+    assert node.a.reports.live()[0]
     # And it still serves the pods that are there: a watch, then an ack that evicts.
     watch = node.stub.Watch(pb.WatchRequest(pod=identity(ns, w0, uid0)), timeout=5)
     assert next(watch).state == pb.Notice.LEAVE

@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -140,19 +141,30 @@ class _Server:
             self._runner = None
 
 
+_AWS_TIME = "%Y-%m-%dT%H:%M:%SZ"
+
+
 class AwsMetadata(_Server):
     """EC2 IMDS: IMDSv2 session tokens (v1 allowed unless ``v2_only``), the spot, rebalance and
     scheduled-maintenance documents. ``None`` / empty means 404."""
 
     token_path = "/latest/api/token"  # noqa: S105 - a URL path, not a secret
 
-    def __init__(self, *, v2_only: bool = False, token_api: bool = True) -> None:
+    def __init__(
+        self, *, v2_only: bool = False, token_api: bool = True, restamp: bool = False
+    ) -> None:
         super().__init__()
         self.v2_only = v2_only
         self.token_api = token_api
+        #: Re-stamp the documents on every read, as AWS's own metadata mock does by default:
+        #: the spot action's time becomes "now + 2 min", the rebalance noticeTime "now".
+        self.restamp = restamp
         self.instance_action: dict[str, str] | None = None
         self.rebalance: dict[str, str] | None = None
         self.maintenance: list[dict[str, str]] = []
+        #: ``autoscaling/target-lifecycle-state`` (plain text); None: not in an Auto Scaling
+        #: group (404).
+        self.lifecycle_state: str | None = None
         self.tokens: dict[str, float] = {}
         self.token_puts = 0
         self.unauthorized = 0
@@ -175,16 +187,21 @@ class AwsMetadata(_Server):
         self.tokens[token] = time.monotonic() + int(raw)
         return web.Response(text=token, headers={"X-aws-ec2-metadata-token-ttl-seconds": raw})
 
-    async def _get(self, request: web.Request) -> web.Response:
+    def _authorized(self, request: web.Request) -> bool:
         token = request.headers.get("X-aws-ec2-metadata-token")
         if token is not None:
-            if self.tokens.get(token, 0.0) <= time.monotonic():
-                self.unauthorized += 1
-                return web.Response(status=401)
-        elif self.v2_only:
-            self.unauthorized += 1
+            ok = self.tokens.get(token, 0.0) > time.monotonic()
+        else:
+            ok = not self.v2_only
+        self.unauthorized += not ok
+        return ok
+
+    async def _get(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
             return web.Response(status=401)
         path = request.match_info["path"]
+        if self.restamp:
+            self._restamp()
         body: object = None
         if path == "spot/instance-action":
             body = self.instance_action
@@ -195,10 +212,20 @@ class AwsMetadata(_Server):
             body = self.rebalance
         elif path == "events/maintenance/scheduled":
             body = self.maintenance
+        elif path == "autoscaling/target-lifecycle-state" and self.lifecycle_state is not None:
+            return web.Response(text=self.lifecycle_state)
         if body is None:
             return web.Response(status=404, text="Not Found")
         # IMDS serves JSON documents as text/plain.
         return web.Response(text=json.dumps(body), content_type="text/plain")
+
+    def _restamp(self) -> None:
+        now = datetime.now(UTC)
+        if self.instance_action is not None:
+            soon = now + timedelta(minutes=2)
+            self.instance_action = {**self.instance_action, "time": soon.strftime(_AWS_TIME)}
+        if self.rebalance is not None:
+            self.rebalance = {**self.rebalance, "noticeTime": now.strftime(_AWS_TIME)}
 
 
 class GcpMetadata(_Server):

@@ -1,7 +1,7 @@
 """A revocation notice put into (and taken out of) each cloud's fake metadata server.
 
 Shared by the agent's integration tests, its latency benchmark and the demo. Each class sets
-only what that cloud publishes; the servers themselves are in :mod:`nodeagent.testing.metadata`.
+only what that cloud publishes; the servers themselves are in :mod:`fakes.metadata`.
 AWS and Alibaba carry the deadline in the notice (``renew`` moves it); Azure's ``NotBefore`` is
 ``lead`` from the moment of posting; GCP's preemption notice carries no time at all.
 """
@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from typing import Any
 
-from nodeagent.testing import metadata
+from fakes import metadata
 
 
 class Cloud:
