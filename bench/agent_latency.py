@@ -6,7 +6,8 @@ written into the fake metadata server to the moment a worker's gRPC watch on the
 socket receives it, with the agent at its default 1 s poll interval (GCP: long-poll). CPU "during
 notices" is the agent's CPU over the rounds (a notice posted, seen, withdrawn, every ~1.5 s,
 including its pod annotations and Events); "idle" is a quiet window after them. The agent
-runs as a real process against a devcluster (started here, from the cached build).
+runs as a real process against a devcluster (started here, from the cached build), and as the
+image runs it: with the product's own dependencies only, not the dev extra installed beside it.
 
     .venv/bin/python bench/agent_latency.py [--rounds 30] [--idle-seconds 30]
 """
@@ -26,14 +27,15 @@ from typing import Any
 from kubernetes import config
 
 from devcluster import build, cluster, nodes, process
+from fakes import metadata
 from nodeagent.client import PodIdentity
-from nodeagent.testing import metadata
 from tests.integration.nodeagent.harness import (
     CLOUDS,
     AgentProcess,
     Worker,
     eventually,
     release,
+    shipped,
     worker_pod,
 )
 
@@ -62,7 +64,10 @@ def run_provider(
     created = core.create_namespaced_pod(namespace, worker_pod("trainer-0", node))
     pod = PodIdentity(namespace, "trainer-0", created.metadata.uid)
     cloud = CLOUDS[provider](servers)
-    agent = AgentProcess(kubeconfig, node, provider, cloud.url, work / provider)
+    # The agent as the image runs it: the product and its dependencies, no dev extra.
+    python, env = shipped(work / "shipped")
+    agent = AgentProcess(kubeconfig, node, provider, cloud.url, work / provider, python=python)
+    agent.env.update(env)
     agent.workdir.mkdir(parents=True)
     agent.start()
     assert agent.proc is not None

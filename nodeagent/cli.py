@@ -5,37 +5,46 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from common import logs
+from common.values import parse_bool
 from contracts.names import REVOKING_TAINT
 from nodeagent import health, podresources
 from nodeagent.agent import Agent, AgentSettings
 from nodeagent.events import PodKey, PodUid
+from nodeagent.gpu.monitor import GpuOptions
 from nodeagent.gpu.xid import XidPolicy
-from nodeagent.notify.server import DEFAULT_SOCKET, serve
+from nodeagent.notify.server import DEFAULT_SOCKET, SocketLimits, serve
+from nodeagent.podcache import FILENAME, PodCache
 from nodeagent.providers import Provider, select
 from nodeagent.providers.kube import DEFAULT_TAINTS, KubePodProvider, KubeTaintProvider
 from nodeagent.store import Settings
 from nodeagent.webhook import Webhook
 
+if TYPE_CHECKING:
+    from nodeagent.k8s import Cluster
+
 log = structlog.get_logger("nodeagent")
+
+DEFAULT_STATE_DIR = "/var/lib/shoal-agent"
+#: The termination lifecycle hook's default heartbeat timeout (seconds).
+AWS_LIFECYCLE_LEAD = 3600.0
 
 
 def _truthy(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("", "0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    try:
+        return parse_bool(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 MAX_SECONDS = 7 * 24 * 3600.0
@@ -52,6 +61,12 @@ def _positive(text: str) -> float:
             f"expected a number of seconds above 0 and at most {MAX_SECONDS:g}, got {text!r}"
         )
     return value
+
+
+def _count(text: str) -> int:
+    if not text.strip().isdecimal() or not 1 <= int(text) <= 1_000_000:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 1 to 1000000, got {text!r}")
+    return int(text)
 
 
 def _xids(text: str) -> frozenset[int]:
@@ -85,7 +100,53 @@ def _listen(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdecimal() or int(port) > 65535:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
-    return host or "0.0.0.0", int(port)  # noqa: S104 - a DaemonSet's probe port
+    # ":9102" means every address, as in Go programs; the default is loopback only.
+    return host or "0.0.0.0", int(port)  # noqa: S104 - asked for explicitly
+
+
+class _Flags:
+    """Adds flags to a parser, each with the environment variable that fills it in."""
+
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.parser = parser
+
+    @staticmethod
+    def _help(text: str, env: str) -> str:
+        return f"{text} [env {env}]" if text else f"[env {env}]"
+
+    def add(
+        self,
+        flag: str,
+        env: str,
+        help_text: str,
+        default: Any = None,
+        kind: Callable[[str], Any] = str,
+    ) -> None:
+        value = os.environ.get(env)
+        self.parser.add_argument(
+            flag,
+            default=value if value is not None else default,
+            type=kind,
+            help=self._help(help_text, env),
+        )
+
+    def choice(self, flag: str, env: str, help_text: str, default: str, choices: Any) -> None:
+        self.parser.add_argument(
+            flag,
+            default=os.environ.get(env, default),
+            choices=choices,
+            help=self._help(help_text, env),
+        )
+
+    def switch(self, flag: str, env: str, help_text: str) -> None:
+        """A flag that is on when given, or when ``env`` says true."""
+        try:
+            default = _truthy(os.environ.get(env, ""))
+        except argparse.ArgumentTypeError as exc:
+            self.parser.error(f"{env}: {exc}")
+        self.parser.add_argument(
+            flag, action="store_true", default=default, help=self._help(help_text, env)
+        )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -97,45 +158,125 @@ def parser() -> argparse.ArgumentParser:
         "flag wins over the variable.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    flags = _Flags(p)
+    _node_flags(flags)
+    _socket_flags(flags)
+    _endpoint_flags(flags)
+    _timing_flags(flags)
+    _gpu_flags(flags)
+    _kube_flags(flags)
+    _log_flags(flags)
+    return p
 
-    def add(
-        flag: str, env: str, help_text: str, default: Any = None, kind: Callable[[str], Any] = str
-    ) -> None:
-        value = os.environ.get(env)
-        p.add_argument(
-            flag,
-            default=value if value is not None else default,
-            type=kind,
-            help=f"{help_text} [env {env}]",
-        )
 
+def _node_flags(flags: _Flags) -> None:
+    add = flags.add
     add("--kubeconfig", "KUBECONFIG", "kubeconfig file; in-cluster config when not given")
     add("--node-name", "NODE_NAME", "this node's name (the Downward API's spec.nodeName)")
-    p.add_argument(
+    flags.choice(
         "--provider",
-        default=os.environ.get("SHOAL_PROVIDER", "auto"),
-        choices=select.NAMES,
-        help="which cloud's metadata to watch; auto: from DMI or whichever server answers "
-        "[env SHOAL_PROVIDER]",
+        "SHOAL_PROVIDER",
+        "which cloud's metadata to watch; auto: from DMI or whichever server answers",
+        "auto",
+        select.NAMES,
     )
     add(
         "--metadata-url",
         "SHOAL_METADATA_URL",
         "root URL of the metadata server (default: the cloud's link-local address)",
     )
-    try:
-        dry_default = _truthy(os.environ.get("SHOAL_DRY_RUN", ""))
-    except argparse.ArgumentTypeError as exc:
-        p.error(f"SHOAL_DRY_RUN: {exc}")
-    p.add_argument(
+    flags.switch(
         "--dry-run",
-        action="store_true",
-        default=dry_default,
-        help="do everything except writes: the API server validates each write without "
-        "persisting it, the cloud is not acknowledged [env SHOAL_DRY_RUN]",
+        "SHOAL_DRY_RUN",
+        "do everything except writes: the API server validates each write without "
+        "persisting it, the cloud is not acknowledged",
     )
     add("--socket", "SHOAL_SOCKET", "unix socket of the Notices gRPC service", DEFAULT_SOCKET)
-    add("--listen", "SHOAL_LISTEN", "HOST:PORT of the HTTP endpoints", "0.0.0.0:9102", _listen)
+    add(
+        "--state-dir",
+        "SHOAL_STATE_DIR",
+        "folder (on the host, not shared with pods) where the agent keeps this node's pod list, so "
+        "that after a restart it answers its workers while the API server is unreachable; empty "
+        "to keep nothing",
+        DEFAULT_STATE_DIR,
+    )
+
+
+def _socket_flags(flags: _Flags) -> None:
+    add = flags.add
+    limits = SocketLimits()
+    add(
+        "--max-watches",
+        "SHOAL_MAX_WATCHES",
+        "open watches on the notice socket, all pods together; more are refused with "
+        "RESOURCE_EXHAUSTED (each costs about 40 KiB)",
+        limits.watches,
+        _count,
+    )
+    add(
+        "--max-watches-per-pod",
+        "SHOAL_MAX_WATCHES_PER_POD",
+        "open watches of one pod; more are refused with RESOURCE_EXHAUSTED",
+        limits.watches_per_pod,
+        _count,
+    )
+    add(
+        "--max-connections",
+        "SHOAL_MAX_CONNECTIONS",
+        "connections to the notice socket open at once; more are closed as soon as they are "
+        "accepted (each costs about 20 KiB)",
+        limits.connections,
+        _count,
+    )
+    add(
+        "--socket-streams",
+        "SHOAL_SOCKET_STREAMS",
+        "calls one connection to the notice socket may have open at once",
+        limits.streams_per_connection,
+        _count,
+    )
+    add(
+        "--socket-idle-timeout",
+        "SHOAL_SOCKET_IDLE_TIMEOUT",
+        "seconds after which a connection to the notice socket with no call open is closed",
+        limits.idle_seconds,
+        _positive,
+    )
+    add(
+        "--socket-keepalive",
+        "SHOAL_SOCKET_KEEPALIVE",
+        "seconds between pings to each connection; one that does not answer within 10 s is dropped",
+        limits.keepalive_seconds,
+        _positive,
+    )
+    add(
+        "--watch-backlog",
+        "SHOAL_WATCH_BACKLOG",
+        "updates a watch may fall behind by before the agent ends it",
+        limits.backlog,
+        _count,
+    )
+
+
+def _endpoint_flags(flags: _Flags) -> None:
+    flags.add(
+        "--listen",
+        "SHOAL_LISTEN",
+        "HOST:PORT of the HTTP endpoints; loopback only by default, 0.0.0.0:9102 (as the "
+        "DaemonSet sets) for the kubelet's probes and metrics scrapers on the pod network",
+        "127.0.0.1:9102",
+        _listen,
+    )
+    flags.switch(
+        "--status-pods",
+        "SHOAL_STATUS_PODS",
+        "list the node's pods in /status to callers on the network too (by default only "
+        "callers on loopback see them; others get a count)",
+    )
+
+
+def _timing_flags(flags: _Flags) -> None:
+    add = flags.add
     add("--poll-interval", "SHOAL_POLL_INTERVAL", "seconds between metadata reads", 1.0, _positive)
     add("--metadata-timeout", "SHOAL_METADATA_TIMEOUT", "seconds per metadata read", 2.0, _positive)
     add(
@@ -159,12 +300,17 @@ def parser() -> argparse.ArgumentParser:
         600.0,
         _positive,
     )
-    p.add_argument(
+
+
+def _gpu_flags(flags: _Flags) -> None:
+    add = flags.add
+    flags.choice(
         "--gpu",
-        default=os.environ.get("SHOAL_GPU", "auto"),
-        choices=("auto", "off"),
-        help="auto: watch the GPUs through NVML when a driver is there (its absence is reported, "
-        "not fatal) and publish shoal.dev/gpu-topology [env SHOAL_GPU]",
+        "SHOAL_GPU",
+        "auto: watch the GPUs through NVML when a driver is there (its absence is reported, "
+        "not fatal) and publish shoal.dev/gpu-topology",
+        "auto",
+        ("auto", "off"),
     )
     add(
         "--xid-fatal",
@@ -194,6 +340,10 @@ def parser() -> argparse.ArgumentParser:
         "the kubelet's PodResources socket (which GPU serves which pod); empty to skip",
         podresources.DEFAULT_SOCKET,
     )
+
+
+def _kube_flags(flags: _Flags) -> None:
+    add = flags.add
     add(
         "--kube-taints",
         "SHOAL_KUBE_TAINTS",
@@ -238,66 +388,47 @@ def parser() -> argparse.ArgumentParser:
         _positive,
     )
     add("--azure-vm-name", "SHOAL_AZURE_VM_NAME", "this VM's name in Azure scheduled events")
-    p.add_argument(
+    add(
+        "--aws-lifecycle-lead",
+        "SHOAL_AWS_LIFECYCLE_LEAD",
+        "seconds an EC2 Auto Scaling instance has left once its target lifecycle state is "
+        "Terminated: the termination lifecycle hook's heartbeat timeout",
+        AWS_LIFECYCLE_LEAD,
+        _positive,
+    )
+
+
+def _log_flags(flags: _Flags) -> None:
+    flags.choice(
         "--log-format",
-        default=os.environ.get("SHOAL_LOG_FORMAT", "auto"),
-        choices=("auto", "json", "console"),
-        help="auto: JSON unless stderr is a terminal [env SHOAL_LOG_FORMAT]",
+        "SHOAL_LOG_FORMAT",
+        "auto: JSON unless stderr is a terminal",
+        "auto",
+        ("auto", "json", "console"),
     )
-    p.add_argument(
-        "--log-level",
-        default=os.environ.get("SHOAL_LOG_LEVEL", "info"),
-        choices=("debug", "info", "warning", "error"),
-        help="[env SHOAL_LOG_LEVEL]",
-    )
-    return p
-
-
-def configure_logging(fmt: str, level: str) -> None:
-    console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
-    renderer: Any = (
-        structlog.dev.ConsoleRenderer() if console else structlog.processors.JSONRenderer()
-    )
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping()[level.upper()]
-        ),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
+    flags.choice(
+        "--log-level", "SHOAL_LOG_LEVEL", "", "info", ("debug", "info", "warning", "error")
     )
 
 
-async def run(args: argparse.Namespace) -> int:
-    from nodeagent.k8s import Cluster
+def socket_limits(args: argparse.Namespace) -> SocketLimits:
+    """The notice socket's bounds, from the flags."""
+    return SocketLimits(
+        watches=args.max_watches,
+        watches_per_pod=args.max_watches_per_pod,
+        connections=args.max_connections,
+        streams_per_connection=args.socket_streams,
+        idle_seconds=args.socket_idle_timeout,
+        keepalive_seconds=args.socket_keepalive,
+        backlog=args.watch_backlog,
+    )
 
-    provider_name = args.provider
-    if provider_name == "auto":
-        provider_name = await select.detect(args.metadata_url)
-    provider = select.build(
-        provider_name,
-        metadata_url=args.metadata_url,
-        interval=args.poll_interval,
-        timeout=args.metadata_timeout,
-        azure_vm_name=args.azure_vm_name,
-    )
-    cluster = Cluster.connect(args.kubeconfig, args.node_name, dry_run=args.dry_run)
-    settings = AgentSettings(
-        store=Settings(
-            evict_margin=timedelta(seconds=args.evict_margin),
-            delete_margin=timedelta(seconds=args.delete_margin),
-            drain_lead=timedelta(seconds=args.drain_lead),
-        )
-    )
-    providers: list[Provider] = [provider]
+
+def providers(args: argparse.Namespace, cluster: Cluster, cloud: Provider) -> list[Provider]:
+    """The cloud's provider, and the Kubernetes-side signals the flags ask for."""
+    found: list[Provider] = [cloud]
     if args.kube_taints:
-        providers.append(
+        found.append(
             KubeTaintProvider(
                 read_taints=cluster.node_taints,
                 keys=args.kube_taints,
@@ -308,33 +439,89 @@ async def run(args: argparse.Namespace) -> int:
         conditions, reasons = args.kube_pod_conditions, args.kube_event_reasons
 
         def signals() -> list[tuple[PodKey, PodUid, str]]:
-            found = cluster.pod_signals(conditions, reasons)
-            return [(s.key, s.uid, s.what) for s in found]
+            seen = cluster.pod_signals(conditions, reasons)
+            return [(s.key, s.uid, s.what) for s in seen]
 
-        providers.append(
+        found.append(
             KubePodProvider(read_signals=signals, lead=timedelta(seconds=args.kube_pod_lead))
         )
-    agent = Agent(cluster, providers, node_name=args.node_name, settings=settings)
-    if args.webhook_url:
-        agent.webhook = Webhook(args.webhook_url)
-    if args.gpu == "auto":
-        defaults = XidPolicy()
-        socket_path = args.pod_resources_socket
+    return found
 
-        async def owners() -> dict[str, str]:
-            return await podresources.gpu_owners(socket_path)
 
-        agent.watch_gpus(
-            XidPolicy(
-                ignore=defaults.ignore if args.xid_ignore is None else args.xid_ignore,
-                fatal=defaults.fatal if args.xid_fatal is None else args.xid_fatal,
-            ),
-            owners if socket_path else None,
-            timedelta(seconds=args.gpu_fault_lead),
+def gpu_options(args: argparse.Namespace) -> GpuOptions | None:
+    """How to watch the GPUs (None with ``--gpu off``)."""
+    if args.gpu != "auto":
+        return None
+    defaults = XidPolicy()
+    socket_path = args.pod_resources_socket
+
+    async def owners() -> dict[str, str]:
+        return await podresources.gpu_owners(socket_path)
+
+    return GpuOptions(
+        policy=XidPolicy(
+            ignore=defaults.ignore if args.xid_ignore is None else args.xid_ignore,
+            fatal=defaults.fatal if args.xid_fatal is None else args.xid_fatal,
+        ),
+        owners=owners if socket_path else None,
+        fault_lead=timedelta(seconds=args.gpu_fault_lead),
+    )
+
+
+def agent_settings(args: argparse.Namespace) -> AgentSettings:
+    return AgentSettings(
+        store=Settings(
+            evict_margin=timedelta(seconds=args.evict_margin),
+            delete_margin=timedelta(seconds=args.delete_margin),
+            drain_lead=timedelta(seconds=args.drain_lead),
         )
-    grpc_server = await serve(agent.service, args.socket)
+    )
+
+
+def build_agent(args: argparse.Namespace, cluster: Cluster, cloud: Provider) -> Agent:
+    """The agent the flags describe, complete."""
+    pod_cache = None
+    if args.state_dir:
+        pod_cache = PodCache(Path(args.state_dir) / FILENAME, args.node_name)
+    return Agent(
+        cluster,
+        providers(args, cluster, cloud),
+        node_name=args.node_name,
+        settings=agent_settings(args),
+        pod_cache=pod_cache,
+        webhook=Webhook(args.webhook_url) if args.webhook_url else None,
+        gpu=gpu_options(args),
+        pod_feed=cluster,
+    )
+
+
+async def _until_signalled() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def run(args: argparse.Namespace) -> int:
+    from nodeagent.k8s import Cluster
+
+    provider_name = args.provider
+    if provider_name == "auto":
+        provider_name = await select.detect(args.metadata_url)
+    cloud = select.build(
+        provider_name,
+        metadata_url=args.metadata_url,
+        interval=args.poll_interval,
+        timeout=args.metadata_timeout,
+        azure_vm_name=args.azure_vm_name,
+        aws_lifecycle_lead=args.aws_lifecycle_lead,
+    )
+    cluster = Cluster.connect(args.kubeconfig, args.node_name, dry_run=args.dry_run)
+    agent = build_agent(args, cluster, cloud)
+    grpc_server = await serve(agent.board.service, args.socket, socket_limits(args))
     host, port = args.listen
-    runner, bound = await health.serve(agent, host, port)
+    runner, bound = await health.serve(agent.reports, host, port, status_pods=args.status_pods)
     agent.start()
     log.info(
         "agent_started",
@@ -344,11 +531,7 @@ async def run(args: argparse.Namespace) -> int:
         socket=args.socket,
         http=f"{host}:{bound}",
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await _until_signalled()
     log.info("agent_stopping", node=args.node_name)
     await agent.stop()
     await grpc_server.stop(1.0)
@@ -362,5 +545,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if not args.node_name:
         parser().error("--node-name (or NODE_NAME) is required")
-    configure_logging(args.log_format, args.log_level)
-    return asyncio.run(run(args))
+    logs.configure(args.log_format, args.log_level)
+    from nodeagent.k8s.transport import KubeconfigError
+
+    try:
+        return asyncio.run(run(args))
+    except KubeconfigError as exc:
+        # Names the file and the field, never a value (kubeconfigs hold tokens and keys).
+        print(f"python -m nodeagent: {exc}", file=sys.stderr)
+        return 2

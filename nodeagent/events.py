@@ -8,9 +8,11 @@ Kubernetes adapter turns pod objects into :class:`Pod`; :mod:`nodeagent.store` d
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 from typing import NewType
+
+from contracts.times import format_time, parse_time
 
 #: A notice's stable identity (the same cloud event always gets the same id, across restarts).
 EventId = NewType("EventId", str)
@@ -33,6 +35,14 @@ class Kind(StrEnum):
     MAINTENANCE = "maintenance"
     REBALANCE = "rebalance"
     GPU_FAULT = "gpu-fault"
+    #: The scheduler takes the pod back for a gang that needs its room (``shoal.dev/leave-by``
+    #: with ``shoal.dev/reclaimed-for``): the scheduler evicts it at the deadline.
+    RECLAIM = "reclaim"
+
+
+#: The source and channel of the notices the scheduler gives, read from this node's pods.
+SCHEDULER_SOURCE = "scheduler"
+RECLAIM_CHANNEL = "scheduler/reclaim"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +71,12 @@ class Notice:
         if self.deadline.tzinfo is None:
             raise ValueError("a notice's deadline must be timezone-aware")
 
+    @property
+    def reclaim(self) -> bool:
+        """The scheduler's reclaim: it writes the pod's annotation and evicts at the deadline;
+        the agent tells the workers and evicts early only on their acknowledgement."""
+        return self.kind is Kind.RECLAIM
+
 
 @dataclass(frozen=True, slots=True)
 class Pod:
@@ -70,7 +86,8 @@ class Pod:
     evicted first. ``daemon``: a DaemonSet or mirror pod, never evicted. ``leave_by`` comes from
     the pod's ``shoal.dev/leave-by`` annotation: the durable record of what the agent already told
     the pod, so a restarted agent does not repeat a notice. ``leaving`` is true once the pod has a
-    deletion timestamp.
+    deletion timestamp. ``reclaimed_for`` is the scheduler's ``shoal.dev/reclaimed-for``: the
+    gang the scheduler takes the pod back for, its ``leave_by`` then being the scheduler's.
     """
 
     key: PodKey
@@ -79,6 +96,7 @@ class Pod:
     daemon: bool = False
     leave_by: datetime | None = None
     leaving: bool = False
+    reclaimed_for: str | None = None
 
 
 # --- Actions: what the store says is due; adapters carry them out and report back. ---------
@@ -150,43 +168,7 @@ class AckUpstream:
 Action = SyncNode | NotifyPod | WithdrawPod | EvictPod | DeletePod | AckUpstream
 
 
-def utc(moment: datetime) -> datetime:
-    """``moment`` as an aware UTC datetime (naive values are taken to be UTC)."""
-    if moment.tzinfo is None:
-        return moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC)
-
-
-def rfc3339(moment: datetime) -> str:
-    """``2026-11-30T10:00:00Z`` (second precision, as Kubernetes writes times)."""
-    return utc(moment).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-#: The times the agent believes. Clouds and the agent itself write times close to now; a time
-#: outside these bounds is garbage, and near the ends of ``datetime``'s range the store's
-#: margin arithmetic (``deadline - evict_margin``) would overflow.
-EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
-LATEST = datetime(9000, 1, 1, tzinfo=UTC)
-
-
-def in_range(moment: datetime, text: object) -> datetime:
-    """``moment`` when it lies between :data:`EARLIEST` and :data:`LATEST`; else ``ValueError``."""
-    if not EARLIEST <= moment < LATEST:
-        raise ValueError(f"time out of range ({EARLIEST.year} to {LATEST.year}): {text!r}")
-    return moment
-
-
-def parse_rfc3339(text: str) -> datetime:
-    """Parse an RFC 3339 / ISO 8601 time between :data:`EARLIEST` and :data:`LATEST`; raises
-    ``ValueError`` for anything else."""
-    value = text.strip()
-    if value.endswith(("Z", "z")):
-        value = value[:-1] + "+00:00"
-    parsed = datetime.fromisoformat(value)
-    if parsed.tzinfo is None:
-        raise ValueError(f"time without a zone: {text!r}")
-    try:
-        moment = parsed.astimezone(UTC)
-    except OverflowError as exc:
-        raise ValueError(f"time out of range: {text!r}") from exc
-    return in_range(moment, text)
+# The times the agent writes and reads are those of the shared codec (contracts/times.py):
+# UTC, second precision, between EARLIEST and LATEST.
+rfc3339 = format_time
+parse_rfc3339 = parse_time

@@ -1,15 +1,41 @@
-"""HTTP endpoints (aiohttp, embedded with ``AppRunner``): /healthz, /readyz, /metrics, /status."""
+"""HTTP endpoints (aiohttp, embedded with ``AppRunner``): /healthz, /readyz, /metrics, /status.
+
+What they serve comes from :class:`Endpoints` (the agent's :class:`nodeagent.reports.Reports`);
+this module only speaks HTTP and decides who may see pod names.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import ipaddress
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from nodeagent.agent import Agent
+from nodeagent.metrics import Metrics
 
-AGENT = web.AppKey("agent", Agent)
+
+class Endpoints(Protocol):
+    """What the endpoints serve."""
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+    def watchers(self) -> int:
+        """Open watches on the notice socket (read into the gauge before each scrape)."""
+
+    def live(self) -> tuple[bool, dict[str, Any]]:
+        """``/healthz``."""
+
+    def ready(self) -> tuple[bool, dict[str, Any]]:
+        """``/readyz``."""
+
+    def status(self) -> dict[str, Any]:
+        """``/status``, with every pod name (hidden here from callers off the node)."""
+
+
+ENDPOINTS = web.AppKey[Endpoints]("endpoints")
+STATUS_PODS = web.AppKey("status_pods", bool)
 
 
 def _answer(ok: bool, detail: dict[str, Any]) -> web.Response:
@@ -17,27 +43,63 @@ def _answer(ok: bool, detail: dict[str, Any]) -> web.Response:
 
 
 async def _healthz(request: web.Request) -> web.Response:
-    return _answer(*request.app[AGENT].live())
+    return _answer(*request.app[ENDPOINTS].live())
 
 
 async def _readyz(request: web.Request) -> web.Response:
-    return _answer(*request.app[AGENT].ready())
+    return _answer(*request.app[ENDPOINTS].ready())
+
+
+def _from_loopback(request: web.Request) -> bool:
+    try:
+        peer = ipaddress.ip_address(request.remote or "")
+    except ValueError:
+        return False  # a unix socket or an unknown peer: not known to be this machine
+    if isinstance(peer, ipaddress.IPv6Address) and peer.ipv4_mapped is not None:
+        peer = peer.ipv4_mapped
+    return peer.is_loopback
+
+
+HIDDEN = "ask from loopback, or start the agent with --status-pods"
+
+
+def _without_pods(report: dict[str, Any]) -> dict[str, Any]:
+    """``/status`` less every pod name (the pods, the pods a notice is for, who holds each
+    GPU): counts instead."""
+    shown = dict(report)
+    shown["pods"] = {"hidden": HIDDEN, "count": len(report.get("pods") or [])}
+    shown["notices"] = [
+        {**n, "scope": {"hidden": HIDDEN, "count": len(n["scope"])}}
+        if isinstance(n.get("scope"), list)
+        else n
+        for n in report.get("notices") or []
+    ]
+    gpu = report.get("gpu")
+    if isinstance(gpu, dict) and isinstance(gpu.get("allocated"), dict):
+        shown["gpu"] = {**gpu, "allocated": {"hidden": HIDDEN, "count": len(gpu["allocated"])}}
+    return shown
 
 
 async def _status(request: web.Request) -> web.Response:
-    return web.json_response(request.app[AGENT].status())
+    report = request.app[ENDPOINTS].status()
+    if not (request.app[STATUS_PODS] or _from_loopback(request)):
+        # Which pods run here, and what they were told, is for the node's own operators
+        # (kubectl port-forward and exec arrive on loopback), not for the pod network.
+        report = _without_pods(report)
+    return web.json_response(report)
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    agent = request.app[AGENT]
-    agent.metrics.watchers.set(agent.service.watchers())
-    body = generate_latest(agent.metrics.registry)
+    endpoints = request.app[ENDPOINTS]
+    endpoints.metrics.watchers.set(endpoints.watchers())
+    body = generate_latest(endpoints.metrics.registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def app(agent: Agent) -> web.Application:
+def app(endpoints: Endpoints, *, status_pods: bool = False) -> web.Application:
     application = web.Application()
-    application[AGENT] = agent
+    application[ENDPOINTS] = endpoints
+    application[STATUS_PODS] = status_pods
     application.router.add_get("/healthz", _healthz)
     application.router.add_get("/readyz", _readyz)
     application.router.add_get("/status", _status)
@@ -45,9 +107,12 @@ def app(agent: Agent) -> web.Application:
     return application
 
 
-async def serve(agent: Agent, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Start the endpoints; returns the runner (to clean up) and the bound port."""
-    runner = web.AppRunner(app(agent), access_log=None)
+async def serve(
+    endpoints: Endpoints, host: str, port: int, *, status_pods: bool = False
+) -> tuple[web.AppRunner, int]:
+    """Start the endpoints; returns the runner (to clean up) and the bound port. ``/status``
+    lists the pods to loopback callers only, unless ``status_pods``."""
+    runner = web.AppRunner(app(endpoints, status_pods=status_pods), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -16,7 +16,14 @@ result with :meth:`Store.record`; an action that failed stays due. Training work
 first; other pods only once no worker is left under the same notice (or at the deadline margin).
 
 Each pod follows the most urgent disruptive notice that concerns it: a node-wide one, or one
-scoped to it (a failed GPU). Only node-wide notices taint and annotate the node.
+scoped to it (a failed GPU, the scheduler's reclaim). Only node-wide notices taint and annotate
+the node.
+
+The scheduler's reclaim (:func:`reclaim_notice`, read from the pod's own annotations) is the
+scheduler's to carry out: it wrote the pod's ``shoal.dev/leave-by`` and evicts the pod then. The
+agent tells the workers (its annotation does not count as telling them), evicts a worker early
+once it acknowledged, and otherwise leaves the pod to the scheduler: no eviction at the margin,
+no last-resort delete.
 """
 
 from __future__ import annotations
@@ -26,12 +33,16 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from contracts.times import utc
 from nodeagent.events import (
+    RECLAIM_CHANNEL,
+    SCHEDULER_SOURCE,
     AckUpstream,
     Action,
     DeletePod,
     EventId,
     EvictPod,
+    Kind,
     Notice,
     NotifyPod,
     Pod,
@@ -40,7 +51,6 @@ from nodeagent.events import (
     SyncNode,
     Tracked,
     WithdrawPod,
-    utc,
 )
 
 
@@ -64,6 +74,10 @@ class AckOutcome(StrEnum):
     NOT_UNDER_NOTICE = "not-under-notice"
 
 
+#: The actions on one pod.
+PodAction = NotifyPod | WithdrawPod | EvictPod | DeletePod
+
+
 @dataclass(slots=True)
 class _PodState:
     pod: Pod
@@ -80,6 +94,55 @@ class _PodState:
     def out(self) -> bool:
         """The pod is on its way out (eviction accepted, deleted, or being deleted)."""
         return self.evicted or self.deleted or self.pod.leaving
+
+    def record(self, action: PodAction, *, ok: bool, now: datetime) -> None:
+        """The outcome of an action on this pod: an attempt to evict or delete counts whatever
+        its outcome (it is retried after ``evict_retry``), the rest only once done."""
+        match action:
+            case NotifyPod(notice=notice):
+                if ok:
+                    self.notified = (notice.event_id, notice.deadline)
+            case WithdrawPod():
+                if ok:
+                    self.notified = None
+                    self.heard = None
+                    self.acked_step = None
+            case EvictPod():
+                self.evict_attempted_at = now
+                self.evicted = self.evicted or ok
+            case DeletePod():
+                self.delete_attempted_at = now
+                self.deleted = self.deleted or ok
+
+
+def _workers_left(
+    states: Iterable[_PodState], governs: dict[PodUid, Notice | None]
+) -> set[EventId]:
+    """The notices that still have a training worker to get out (other pods wait for them)."""
+    return {
+        notice.event_id
+        for st in states
+        if st.pod.worker and not st.pod.daemon and not st.out()
+        for notice in (governs[st.pod.uid],)
+        if notice is not None
+    }
+
+
+def reclaim_notice(pod: Pod) -> Notice | None:
+    """The scheduler's reclaim of ``pod``, when its annotations carry one: a notice for this pod
+    only, due at its ``shoal.dev/leave-by``. A new leave-by time is a new notice."""
+    if pod.reclaimed_for is None or pod.leave_by is None or pod.daemon:
+        return None
+    deadline = _whole_seconds(pod.leave_by)
+    return Notice(
+        event_id=EventId(f"reclaim-{pod.uid}-{int(deadline.timestamp())}"),
+        source=SCHEDULER_SOURCE,
+        channel=RECLAIM_CHANNEL,
+        kind=Kind.RECLAIM,
+        deadline=deadline,
+        reason=f"reclaimed for gang {pod.reclaimed_for}",
+        scope=frozenset({pod.key}),
+    )
 
 
 def _whole_seconds(moment: datetime) -> datetime:
@@ -117,10 +180,12 @@ class Store:
                 state.notified = self._told_before(state.pod)
 
     def _told_before(self, pod: Pod) -> tuple[EventId, datetime] | None:
-        """The notice a pod's own ``leave-by`` annotation shows it was already told about."""
+        """The notice a pod's own ``leave-by`` annotation shows it was already told about (the
+        scheduler's reclaim is not: the scheduler wrote that annotation, not the agent)."""
         governing = self.governing_for(pod)
         if (
             governing is not None
+            and not governing.reclaim
             and pod.leave_by is not None
             and _whole_seconds(pod.leave_by) == governing.deadline
         ):
@@ -171,11 +236,15 @@ class Store:
             del self._pods[uid]
         for uid, pod in current.items():
             state = self._pods.get(uid)
-            if state is None:
-                # A restarted agent finds its own earlier notice on the pod: not repeated.
+            if state is None or state.pod.key != pod.key:
+                # A restarted agent finds its own earlier notice on the pod: not repeated. (A uid
+                # known under another name came from a stale pod file: nothing of it is kept.)
                 self._pods[uid] = _PodState(pod=pod, notified=self._told_before(pod))
             else:
                 state.pod = pod
+                if state.notified is None:
+                    # Known before from the pod file, whose copy predates the annotation.
+                    state.notified = self._told_before(pod)
 
     def acknowledge(self, key: PodKey, uid: PodUid, step: int) -> AckOutcome:
         """A worker says it checkpointed at ``step``. Only speeds up a pod already under notice:
@@ -199,11 +268,17 @@ class Store:
             if t.notice.disruptive and (t.notice.scope is None or pod.key in t.notice.scope)
         }
 
-    def heard(self, uid: PodUid, notice: Notice) -> None:
-        """The pod's workers were told about ``notice`` (they may acknowledge from now on)."""
+    def heard(self, uid: PodUid, notice: Notice) -> bool:
+        """The pod's workers were told about ``notice`` (they may acknowledge from now on).
+        Returns False when they had already been told exactly this (nothing new to send)."""
         state = self._pods.get(uid)
-        if state is not None:
-            state.heard = (notice.event_id, notice.deadline)
+        if state is None:
+            return False
+        told = (notice.event_id, notice.deadline)
+        if state.heard == told:
+            return False
+        state.heard = told
+        return True
 
     def mark_worker(self, uid: PodUid) -> None:
         """The pod opened a notice watch: it is a training worker whatever its labels say."""
@@ -239,15 +314,22 @@ class Store:
         return tuple(t for t in self.active() if t.notice.scope is None)
 
     def pod_notice(self, uid: PodUid) -> Notice | None:
-        """The notice a pod has been told about (None when it is not under notice)."""
+        """The notice a pod has been told about, by annotation or over gRPC only (while the API
+        server cannot be written); None when it is not under notice."""
         state = self._pods.get(uid)
-        if state is None or state.notified is None:
+        if state is None:
+            return None
+        told = [t[0] for t in (state.notified, state.heard) if t is not None]
+        if not told:
             return None
         governing = self.governing_for(state.pod)
-        if governing is not None and governing.event_id == state.notified[0]:
+        if governing is not None and governing.event_id in told:
             return governing
-        tracked = self._notices.get(state.notified[0])
-        return tracked.notice if tracked is not None else None
+        for event_id in told:
+            tracked = self._notices.get(event_id)
+            if tracked is not None:
+                return tracked.notice
+        return None
 
     def pods_out(self) -> bool:
         """Every pod that is not a daemon is on its way out (or there are none)."""
@@ -278,68 +360,85 @@ class Store:
         return tuple((t.notice.event_id, t.notice.deadline, t.upstream_acked) for t in active)
 
     def due(self, now: datetime) -> list[Action]:
-        """Every action due at ``now``, in the order to carry them out."""
+        """Every action due at ``now``, in the order to carry them out: the node first, then
+        each pod (by key), then the cloud's acknowledgements."""
         now = utc(now)
-        s = self.settings
-        active = self.active()
         actions: list[Action] = []
         wide = self.node_wide()
         if self._node_key(wide) != self._node_applied:
             actions.append(SyncNode(wide))
-
         states = sorted(self._pods.values(), key=lambda st: st.pod.key)
         governs = {st.pod.uid: self.governing_for(st.pod) for st in states}
-        # The notices that still have a worker to get out first.
-        workers_left = {
-            notice.event_id
-            for st in states
-            if st.pod.worker and not st.pod.daemon and not st.out()
-            for notice in (governs[st.pod.uid],)
-            if notice is not None
-        }
+        workers_left = _workers_left(states, governs)
         for st in states:
-            governing = governs[st.pod.uid]
-            if st.pod.daemon:
-                continue
-            if governing is None:
-                if st.notified is not None and not st.out():
-                    actions.append(WithdrawPod(st.pod))
-                continue
-            if st.notified != (governing.event_id, governing.deadline):
-                if not st.out():
-                    actions.append(NotifyPod(st.pod, governing))
-                continue
-            if now >= governing.deadline - s.delete_margin:
-                if not st.deleted and self._retry_ok(st.delete_attempted_at, now):
-                    actions.append(DeletePod(st.pod, governing))
-                continue
-            if st.out() or not self._retry_ok(st.evict_attempted_at, now):
-                continue
-            at_margin = now >= governing.deadline - s.evict_margin
-            if st.pod.worker:
-                if st.acked_step is not None:
-                    actions.append(EvictPod(st.pod, governing, "acknowledged"))
-                elif at_margin:
-                    actions.append(EvictPod(st.pod, governing, "deadline"))
-            elif at_margin or (
-                governing.event_id not in workers_left and now >= governing.deadline - s.drain_lead
-            ):
-                actions.append(EvictPod(st.pod, governing, "drain"))
+            action = self._pod_due(st, governs[st.pod.uid], workers_left, now)
+            if action is not None:
+                actions.append(action)
+        actions.extend(self._upstream_due(states))
+        return actions
 
+    def _pod_due(
+        self, st: _PodState, governing: Notice | None, workers_left: set[EventId], now: datetime
+    ) -> PodAction | None:
+        """What is due for one pod: told first, then evicted, deleted as a last resort;
+        told again when its notice is withdrawn. DaemonSet pods are left alone."""
+        if st.pod.daemon:
+            return None
+        if governing is None:
+            return WithdrawPod(st.pod) if st.notified is not None and not st.out() else None
+        if st.notified != (governing.event_id, governing.deadline):
+            return None if st.out() else NotifyPod(st.pod, governing)
+        if governing.reclaim:
+            return self._reclaim_due(st, governing, now)
+        return self._told_due(st, governing, workers_left, now)
+
+    def _told_due(
+        self, st: _PodState, governing: Notice, workers_left: set[EventId], now: datetime
+    ) -> PodAction | None:
+        """What is due for a pod told of ``governing``: evicted, deleted as a last resort."""
+        if now >= governing.deadline - self.settings.delete_margin:
+            delete = not st.deleted and self._retry_ok(st.delete_attempted_at, now)
+            return DeletePod(st.pod, governing) if delete else None
+        if st.out() or not self._retry_ok(st.evict_attempted_at, now):
+            return None
+        why = self._evict_reason(st, governing, governing.event_id in workers_left, now)
+        return None if why is None else EvictPod(st.pod, governing, why)
+
+    def _reclaim_due(self, st: _PodState, governing: Notice, now: datetime) -> PodAction | None:
+        """Under the scheduler's reclaim a pod is evicted by the agent only once its worker
+        acknowledged; the eviction at the deadline is the scheduler's."""
+        if st.out() or st.acked_step is None or not self._retry_ok(st.evict_attempted_at, now):
+            return None
+        return EvictPod(st.pod, governing, "acknowledged")
+
+    def _evict_reason(
+        self, st: _PodState, governing: Notice, workers_left: bool, now: datetime
+    ) -> str | None:
+        """Why a told pod is evicted now, if it is: a worker once it acknowledged or at the
+        evict margin; another pod at the margin, or once no worker is left under its notice
+        (never earlier than the drain lead)."""
+        s = self.settings
+        at_margin = now >= governing.deadline - s.evict_margin
+        if st.pod.worker:
+            if st.acked_step is not None:
+                return "acknowledged"
+            return "deadline" if at_margin else None
+        drained = not workers_left and now >= governing.deadline - s.drain_lead
+        return "drain" if at_margin or drained else None
+
+    def _upstream_due(self, states: list[_PodState]) -> list[Action]:
+        """The cloud is acknowledged once every pod is out or acknowledged."""
         everyone_out = all(
             st.pod.daemon or st.out() or (st.notified is not None and st.acked_step is not None)
             for st in states
         )
-        for tracked in active:
-            notice = tracked.notice
-            if (
-                notice.disruptive
-                and notice.upstream_id is not None
-                and not tracked.upstream_acked
-                and everyone_out
-            ):
-                actions.append(AckUpstream(notice))
-        return actions
+        if not everyone_out:
+            return []
+        return [
+            AckUpstream(t.notice)
+            for t in self.active()
+            if t.notice.disruptive and t.notice.upstream_id is not None and not t.upstream_acked
+        ]
 
     def _retry_ok(self, attempted: datetime | None, now: datetime) -> bool:
         return attempted is None or now >= attempted + self.settings.evict_retry
@@ -349,7 +448,7 @@ class Store:
         s = self.settings
         moments: list[datetime] = []
         for tracked in self.active():
-            if tracked.notice.disruptive:
+            if tracked.notice.disruptive and not tracked.notice.reclaim:
                 deadline = tracked.notice.deadline
                 moments += [
                     deadline - s.drain_lead,
@@ -372,27 +471,11 @@ class Store:
             case SyncNode(notices=notices):
                 if ok:
                     self._node_applied = self._node_key(notices)
-            case NotifyPod(pod=pod, notice=notice):
-                state = self._pods.get(pod.uid)
-                if ok and state is not None:
-                    state.notified = (notice.event_id, notice.deadline)
-            case WithdrawPod(pod=pod):
-                state = self._pods.get(pod.uid)
-                if ok and state is not None:
-                    state.notified = None
-                    state.heard = None
-                    state.acked_step = None
-            case EvictPod(pod=pod):
-                state = self._pods.get(pod.uid)
-                if state is not None:
-                    state.evict_attempted_at = now
-                    state.evicted = state.evicted or ok
-            case DeletePod(pod=pod):
-                state = self._pods.get(pod.uid)
-                if state is not None:
-                    state.delete_attempted_at = now
-                    state.deleted = state.deleted or ok
             case AckUpstream(notice=notice):
                 tracked = self._notices.get(notice.event_id)
                 if ok and tracked is not None:
                     self._notices[notice.event_id] = replace(tracked, upstream_acked=True)
+            case NotifyPod(pod=pod) | WithdrawPod(pod=pod) | EvictPod(pod=pod) | DeletePod(pod=pod):
+                state = self._pods.get(pod.uid)
+                if state is not None:
+                    state.record(action, ok=ok, now=now)

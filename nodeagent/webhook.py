@@ -12,7 +12,23 @@ from typing import Any
 import aiohttp
 import structlog
 
+from nodeagent.events import Notice, rfc3339
+
 log = structlog.get_logger("nodeagent.webhook")
+
+
+def payload(kind: str, node: str, notice: Notice) -> dict[str, Any]:
+    """The message for ``kind`` (``notice``: a disruptive notice arrived, ``drained``: every
+    pod it concerns is out)."""
+    return {
+        "kind": kind,
+        "node": node,
+        "event_id": notice.event_id,
+        "source": notice.source,
+        "notice_kind": notice.kind.value,
+        "deadline": rfc3339(notice.deadline),
+        "reason": notice.reason,
+    }
 
 
 class Webhook:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 import structlog
@@ -28,6 +28,20 @@ Publish = Callable[[GpuTopology], Awaitable[None]]
 Owners = Callable[[], Awaitable[dict[str, str]]]
 #: Receives the complete list of GPU-fault notices whenever it changes.
 Faults = Callable[[Sequence[Notice]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuOptions:
+    """How the agent watches its GPUs (``--gpu auto``): which XIDs fail a GPU, who holds each
+    GPU (None: nobody is told of a GPU fault), how long a pod holding a failed GPU gets to leave,
+    and how often things are read again."""
+
+    policy: XidPolicy = field(default_factory=XidPolicy)
+    owners: Owners | None = None
+    fault_lead: timedelta = timedelta(seconds=30)
+    owners_every: float = 5.0
+    absent_retry: float = 60.0
+    error_retry: float = 10.0
 
 
 def fault_notices(

@@ -9,7 +9,7 @@ smaller of their switch link counts), else the PCIe level of their common ancest
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from ctypes import c_void_p, cast
 from dataclasses import dataclass
 from typing import Any, Final
@@ -75,72 +75,108 @@ class _Islands:
         self.parent[self.find(a)] = self.find(b)
 
 
+@dataclass(slots=True)
+class _NvLinks:
+    """NVLinks as NVML reports them: between two GPUs (``direct``, keyed by the lower index
+    first) and from each GPU to an NVSwitch (``to_switch``)."""
+
+    direct: dict[tuple[int, int], int]
+    to_switch: list[int]
+
+    def between(self, a: int, b: int) -> int:
+        """Links between GPUs ``a`` and ``b``: direct ones, else through the switches."""
+        n = self.direct.get((min(a, b), max(a, b)), 0)
+        if not n and self.to_switch[a] and self.to_switch[b]:
+            n = min(self.to_switch[a], self.to_switch[b])
+        return n
+
+    def islands(self) -> _Islands:
+        """GPUs joined by NVLink, directly or through the switches."""
+        islands = _Islands(len(self.to_switch))
+        for a, b in self.direct:
+            islands.join(a, b)
+        switched = [i for i, n in enumerate(self.to_switch) if n]
+        for i in switched[1:]:
+            islands.join(switched[0], i)
+        return islands
+
+
+def _read_links(handles: Sequence[Any], bus_ids: Sequence[str]) -> _NvLinks:
+    by_bus = {bus: i for i, bus in enumerate(bus_ids)}
+    links = _NvLinks(direct={}, to_switch=[0] * len(handles))
+    for i, handle in enumerate(handles):
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                _read_link(links, i, handle, link, by_bus)
+            except pynvml.NVMLError:
+                # Absent links answer NotSupported / InvalidArgument: no more links here.
+                break
+    return links
+
+
+def _read_link(links: _NvLinks, i: int, handle: Any, link: int, by_bus: dict[str, int]) -> None:
+    if pynvml.nvmlDeviceGetNvLinkState(handle, link) != pynvml.NVML_FEATURE_ENABLED:
+        return
+    kind = pynvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
+    if kind == _SWITCH:
+        links.to_switch[i] += 1
+    elif kind == _GPU:
+        remote = _text(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId)
+        peer = by_bus.get(remote.lower())
+        # Each side reports the same links: count them from the lower index only.
+        if peer is not None and peer > i:
+            links.direct[(i, peer)] = links.direct.get((i, peer), 0) + 1
+
+
+def _numa(handle: Any) -> int:
+    try:
+        return max(int(pynvml.nvmlDeviceGetNumaNodeId(handle)), -1)
+    except pynvml.NVMLError:
+        return -1
+
+
+def _gpus(
+    handles: Sequence[Any], islands: _Islands, health: Mapping[int, Health]
+) -> tuple[Gpu, ...]:
+    """Each GPU, its islands numbered in order of their first GPU."""
+    roots: dict[int, int] = {}
+    return tuple(
+        Gpu(
+            index=i,
+            uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+            numa=_numa(handle),
+            health=health.get(i, "healthy"),
+            island=roots.setdefault(islands.find(i), len(roots)),
+        )
+        for i, handle in enumerate(handles)
+    )
+
+
+def _link_matrix(handles: Sequence[Any], links: _NvLinks) -> tuple[tuple[str, ...], ...]:
+    """``nvidia-smi topo -m``: ``X`` on the diagonal, ``NV<n>`` or the PCIe level elsewhere."""
+
+    def cell(a: int, b: int) -> str:
+        if a == b:
+            return "X"
+        n = links.between(a, b)
+        if n:
+            return f"NV{n}"
+        level = pynvml.nvmlDeviceGetTopologyCommonAncestor(handles[a], handles[b])
+        return _PCIE_LEVELS.get(int(level), "SYS")
+
+    count = len(handles)
+    return tuple(tuple(cell(a, b) for b in range(count)) for a in range(count))
+
+
 def read_topology(health: Mapping[int, Health]) -> GpuTopology:
     """The node's GPUs as the ``shoal.dev/gpu-topology`` document describes them."""
     count = pynvml.nvmlDeviceGetCount()
     handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
     bus_ids = [_text(pynvml.nvmlDeviceGetPciInfo(h).busId).lower() for h in handles]
-    by_bus = {bus: i for i, bus in enumerate(bus_ids)}
-    direct: dict[tuple[int, int], int] = {}
-    to_switch = [0] * count
-    for i, handle in enumerate(handles):
-        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
-            try:
-                if pynvml.nvmlDeviceGetNvLinkState(handle, link) != pynvml.NVML_FEATURE_ENABLED:
-                    continue
-                kind = pynvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
-                if kind == _SWITCH:
-                    to_switch[i] += 1
-                elif kind == _GPU:
-                    remote = _text(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId)
-                    peer = by_bus.get(remote.lower())
-                    # Each side reports the same links: count them from the lower index only.
-                    if peer is not None and peer > i:
-                        direct[(i, peer)] = direct.get((i, peer), 0) + 1
-            except pynvml.NVMLError:
-                # Absent links answer NotSupported / InvalidArgument: no more links here.
-                break
-    islands = _Islands(count)
-    for a, b in direct:
-        islands.join(a, b)
-    switched = [i for i in range(count) if to_switch[i]]
-    for i in switched[1:]:
-        islands.join(switched[0], i)
-    roots: dict[int, int] = {}
-    gpus = []
-    for i, handle in enumerate(handles):
-        try:
-            numa = int(pynvml.nvmlDeviceGetNumaNodeId(handle))
-        except pynvml.NVMLError:
-            numa = -1
-        root = islands.find(i)
-        gpus.append(
-            Gpu(
-                index=i,
-                uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
-                numa=max(numa, -1),
-                health=health.get(i, "healthy"),
-                island=roots.setdefault(root, len(roots)),
-            )
-        )
-    links: list[tuple[str, ...]] = []
-    for a in range(count):
-        row = []
-        for b in range(count):
-            if a == b:
-                row.append("X")
-                continue
-            n = direct.get((min(a, b), max(a, b)), 0)
-            if not n and to_switch[a] and to_switch[b]:
-                n = min(to_switch[a], to_switch[b])
-            if n:
-                row.append(f"NV{n}")
-            else:
-                level = pynvml.nvmlDeviceGetTopologyCommonAncestor(handles[a], handles[b])
-                row.append(_PCIE_LEVELS.get(int(level), "SYS"))
-        links.append(tuple(row))
+    links = _read_links(handles, bus_ids)
+    gpus = _gpus(handles, links.islands(), health)
     product = _text(pynvml.nvmlDeviceGetName(handles[0])) if handles else None
-    return GpuTopology(gpus=tuple(gpus), links=tuple(links), product=product)
+    return GpuTopology(gpus=gpus, links=_link_matrix(handles, links), product=product)
 
 
 class XidWatch:

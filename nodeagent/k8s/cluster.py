@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import structlog
 from urllib3.exceptions import HTTPError
 
+from common.kubeevents import EventSource, event_body
 from contracts import names
+from nodeagent.calls import PodChange, WatchExpired
 from nodeagent.events import (
     EventId,
     Kind,
@@ -30,13 +31,15 @@ from nodeagent.events import (
     parse_rfc3339,
     rfc3339,
 )
-from nodeagent.k8s.transport import Transport, connect
+from nodeagent.k8s.transport import Stream, Transport, connect
 
 log = structlog.get_logger("nodeagent.k8s")
 
 COMPONENT = "shoal-nodeagent"
 _TERMINAL = ("Succeeded", "Failed")
 _MERGE = "application/merge-patch+json"
+#: Seconds a watch may stay silent beyond its server-side timeout before the client gives up.
+WATCH_MARGIN = 30
 
 
 class ApiError(Exception):
@@ -175,7 +178,29 @@ def _pod(raw: dict[str, Any]) -> Pod:
         daemon=daemon,
         leave_by=leave_by,
         leaving=meta.get("deletionTimestamp") is not None,
+        reclaimed_for=annotations.get(names.RECLAIMED_FOR_ANNOTATION) or None,
     )
+
+
+def _finished(raw: dict[str, Any]) -> bool:
+    return ((raw.get("status") or {}).get("phase") or "") in _TERMINAL
+
+
+def pod_change(event: dict[str, Any]) -> PodChange | None:
+    """One line of a pod watch as a change; None for an event of no other type. Raises
+    :class:`WatchExpired` on a 410 ``ERROR`` event, :class:`ApiError` on another."""
+    kind = event.get("type")
+    obj = event.get("object") or {}
+    if kind == "ERROR":
+        if obj.get("code") == 410:
+            raise WatchExpired(str(obj.get("message") or "410 Gone"))
+        raise ApiError(f"watch pods: {str(obj.get('message') or obj)[:300]}")
+    version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    if kind == "BOOKMARK":
+        return PodChange(None, gone=False, version=version)
+    if kind not in ("ADDED", "MODIFIED", "DELETED"):
+        return None
+    return PodChange(_pod(obj), gone=kind == "DELETED" or _finished(obj), version=version)
 
 
 @dataclass(slots=True)
@@ -185,8 +210,10 @@ class Cluster:
     transport: Transport
     node_name: str
     dry_run: bool = False
-    #: Monotonic time of the last successful API call (for /readyz).
-    last_ok: float = field(default=0.0, init=False)
+    _last_ok: float = field(default=0.0, init=False)
+    #: The pod watch under way, if one is, and whether the API server answered it.
+    _watching: Stream | None = field(default=None, init=False)
+    _watch_open: bool = field(default=False, init=False)
 
     @classmethod
     def connect(cls, kubeconfig: str | None, node_name: str, *, dry_run: bool) -> Cluster:
@@ -200,6 +227,17 @@ class Cluster:
             node_name=node_name,
             dry_run=dry_run,
         )
+
+    @property
+    def last_ok(self) -> float:
+        """Monotonic time of the last successful API call (for /readyz). While the pod watch is
+        open the API server counts as answering now: a quiet watch sends nothing for minutes,
+        and a silent connection ends after the watch's timeout plus :data:`WATCH_MARGIN`."""
+        return time.monotonic() if self._watch_open else self._last_ok
+
+    @last_ok.setter
+    def last_ok(self, value: float) -> None:
+        self._last_ok = value
 
     def close(self) -> None:
         self.transport.close()
@@ -257,17 +295,64 @@ class Cluster:
         return [(str(t.get("key", "")), str(t.get("value") or "")) for t in taints]
 
     def list_pods(self) -> list[Pod]:
+        return self.list_pods_at()[0]
+
+    def list_pods_at(self) -> tuple[list[Pod], str]:
+        """This node's pods that have not finished, and the list's resourceVersion."""
         pods = self._request(
             "list pods",
             "GET",
             "/api/v1/pods",
             query={"fieldSelector": f"spec.nodeName={self.node_name}"},
         )
-        return [
-            _pod(p)
-            for p in pods.get("items") or []
-            if ((p.get("status") or {}).get("phase") or "") not in _TERMINAL
-        ]
+        version = str((pods.get("metadata") or {}).get("resourceVersion") or "")
+        return [_pod(p) for p in pods.get("items") or [] if not _finished(p)], version
+
+    def watch_pods(self, version: str, timeout: int) -> Iterator[PodChange]:
+        """This node's pods changing after ``version`` (see :class:`nodeagent.calls.PodFeed`).
+        The server ends the watch after ``timeout`` seconds; a read that waits
+        :data:`WATCH_MARGIN` seconds longer (a silent, half-open connection) raises."""
+        query = {
+            "fieldSelector": f"spec.nodeName={self.node_name}",
+            "watch": "true",
+            "resourceVersion": version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout),
+        }
+        try:
+            stream = self.transport.stream("/api/v1/pods", query, timeout + WATCH_MARGIN)
+        except (HTTPError, OSError) as exc:
+            raise ApiError(f"watch pods: API server unreachable: {exc}") from exc
+        self._watching = stream
+        try:
+            yield from self._changes(stream)
+        except (HTTPError, OSError) as exc:
+            raise ApiError(f"watch pods: the watch broke: {exc}") from exc
+        finally:
+            self._watching = None
+            stream.close()
+
+    def _changes(self, stream: Stream) -> Iterator[PodChange]:
+        if stream.status >= 400:
+            detail = stream.body().decode("utf-8", "replace")[:300]
+            if stream.status == 410:
+                raise WatchExpired(detail or "410 Gone")
+            raise ApiStatus(f"watch pods: HTTP {stream.status}: {detail}", stream.status, "")
+        self.last_ok = time.monotonic()
+        self._watch_open = True
+        try:
+            for line in stream.lines():
+                change = pod_change(json.loads(line))
+                self.last_ok = time.monotonic()
+                if change is not None:
+                    yield change
+        finally:
+            self._watch_open = False
+
+    def stop_watch(self) -> None:
+        stream = self._watching
+        if stream is not None:
+            stream.close()
 
     def pod_signals(
         self, conditions: frozenset[ConditionRule], reasons: frozenset[str]
@@ -497,20 +582,8 @@ class Cluster:
     def event(self, involved: dict[str, Any], reason: str, message: str, kind: str) -> None:
         """Record a Kubernetes Event; a failure here is logged, never raised."""
         namespace = involved.get("namespace") or "default"
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
-            "involvedObject": involved,
-            "reason": reason,
-            "message": message[:1024],
-            "type": kind,
-            "source": {"component": COMPONENT, "host": self.node_name},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self.node_name,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
+        by = EventSource(COMPONENT, self.node_name, host=self.node_name)
+        body = event_body(involved, kind, reason, message, by=by, now=time.time())
         try:
             self._request(
                 "create event", "POST", f"/api/v1/namespaces/{namespace}/events", body=body

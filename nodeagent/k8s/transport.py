@@ -12,13 +12,15 @@ only then.
 from __future__ import annotations
 
 import base64
+import binascii
+import contextlib
 import json
 import os
 import ssl
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -43,11 +45,54 @@ class Transport(Protocol):
     ) -> Answer:
         """One call; raises ``OSError`` / ``urllib3.exceptions.HTTPError`` when unreachable."""
 
+    def stream(self, path: str, query: dict[str, str], read_timeout: float) -> Stream:
+        """A GET whose answer is read as it comes (a watch); a read waits at most
+        ``read_timeout`` seconds. Raises as :meth:`request` does."""
+
     def close(self) -> None: ...
+
+
+@dataclass(slots=True)
+class Stream:
+    """An answer read line by line as the server sends it (a watch)."""
+
+    response: urllib3.BaseHTTPResponse
+
+    @property
+    def status(self) -> int:
+        return self.response.status
+
+    def body(self) -> bytes:
+        return self.response.read()
+
+    def lines(self) -> Iterator[bytes]:
+        """Each non-empty line, as soon as it is complete."""
+        buffer = bytearray()
+        for chunk in self.response.stream(amt=None, decode_content=False):
+            buffer.extend(chunk)
+            while (end := buffer.find(b"\n")) != -1:
+                line = bytes(buffer[:end])
+                del buffer[: end + 1]
+                if line.strip():
+                    yield line
+
+    def close(self) -> None:
+        """End the answer, also from another thread blocked reading it: the socket is shut
+        down first (closing alone can wait for that read)."""
+        with contextlib.suppress(Exception):
+            self.response.shutdown()
+        with contextlib.suppress(Exception):
+            self.response.release_conn()
+            self.response.close()
 
 
 class Unsupported(Exception):
     """The kubeconfig needs the official client (exec plugin, auth-provider, basic auth)."""
+
+
+class KubeconfigError(ValueError):
+    """The kubeconfig cannot be used. The message names the file and the field (or the line),
+    never a value: a kubeconfig holds tokens and keys, and this message ends up in logs."""
 
 
 @dataclass(slots=True)
@@ -80,15 +125,31 @@ class DirectTransport:
             kwargs["ssl_context"] = self.context
         self._pool = urllib3.PoolManager(**kwargs)
 
-    def request(
-        self, method: str, path: str, query: dict[str, str], body: Any, content_type: str
-    ) -> Answer:
-        url = self.server.rstrip("/") + path + (f"?{urlencode(query)}" if query else "")
+    def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": "shoal-nodeagent"}
         with self._lock:
             token = self.token.get()
         if token:
             headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    def stream(self, path: str, query: dict[str, str], read_timeout: float) -> Stream:
+        url = self.server.rstrip("/") + path + (f"?{urlencode(query)}" if query else "")
+        resp = self._pool.request(
+            "GET",
+            url,
+            headers=self._headers(),
+            timeout=urllib3.Timeout(connect=self.timeout, read=read_timeout),
+            redirect=False,
+            preload_content=False,
+        )
+        return Stream(resp)
+
+    def request(
+        self, method: str, path: str, query: dict[str, str], body: Any, content_type: str
+    ) -> Answer:
+        url = self.server.rstrip("/") + path + (f"?{urlencode(query)}" if query else "")
+        headers = self._headers()
         data = None
         if body is not None:
             headers["Content-Type"] = content_type
@@ -127,64 +188,177 @@ class ClientTransport:
         resp = self.api.call_api(method, url, header_params=headers, body=data, _request_timeout=30)
         return Answer(status=resp.status, reason=resp.reason or "", body=resp.read() or b"")
 
+    def stream(self, path: str, query: dict[str, str], read_timeout: float) -> Stream:
+        _method, url, headers, _data, _post = self.api.param_serialize(
+            method="GET",
+            resource_path=path,
+            query_params=list(query.items()),
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        resp = self.api.call_api(
+            "GET", url, header_params=headers, _request_timeout=(30, read_timeout)
+        )
+        return Stream(resp.response)
+
     def close(self) -> None:
         self.api.close()
 
 
-def _materialize(data_b64: str, suffix: str, into: Path) -> str:
-    """Write base64 ``*-data`` to a private file (``ssl`` only loads keys from files)."""
-    fd, name = tempfile.mkstemp(suffix=suffix, dir=into)
-    with os.fdopen(fd, "wb") as f:
-        f.write(base64.b64decode(data_b64))
-    return name
+@contextlib.contextmanager
+def _secret_file(data: bytes) -> Iterator[str]:
+    """A path from which ``ssl`` can load ``data`` (it loads keys only from files), gone again
+    when the block ends: ``load_cert_chain`` reads it at once and keeps the key in memory.
+
+    On Linux the file is a memfd, reached as ``/proc/self/fd/N``: it lives in memory, is never
+    on a filesystem, and disappears with the descriptor, so no exit, signal or crash can leave
+    the key behind. Elsewhere it is a file in a fresh 0700 folder, removed right after loading.
+    """
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("shoal-agent-secret", os.MFD_CLOEXEC)
+        try:
+            os.write(fd, data)
+            yield f"/proc/self/fd/{fd}"
+        finally:
+            os.close(fd)
+        return
+    folder = tempfile.mkdtemp(prefix="shoal-agent-")
+    path = os.path.join(folder, "secret")
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "wb") as f:
+            f.write(data)
+        yield path
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.rmdir(folder)
+
+
+def _load_yaml(path: str) -> Any:
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise KubeconfigError(f"kubeconfig {path}: cannot read it: {reason}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        # PyYAML's message quotes the offending line, which may be a token: name where only.
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise KubeconfigError(f"kubeconfig {path}: not valid YAML{where}") from None
+
+
+def _decoded(path: str, field: str, value: Any) -> bytes:
+    try:
+        return base64.b64decode(str(value), validate=True)
+    except (binascii.Error, ValueError):
+        raise KubeconfigError(f"kubeconfig {path}: {field} is not valid base64") from None
+
+
+def _pick(doc: dict[str, Any], path: str, section: str, name: str) -> dict[str, Any]:
+    """The entry ``name`` of ``section`` (``contexts``, ``clusters``, ``users``)."""
+    items = doc.get(section) or []
+    if not isinstance(items, list):
+        raise KubeconfigError(f"kubeconfig {path}: {section} must be a list")
+    kind = section.rstrip("s")
+    for item in items:
+        if isinstance(item, dict) and item.get("name") == name:
+            found = item.get(kind) or {}
+            if not isinstance(found, dict):
+                raise KubeconfigError(
+                    f"kubeconfig {path}: {section}[{name!r}].{kind} must be a mapping"
+                )
+            return dict(found)
+    raise Unsupported(f"kubeconfig: no {kind} named {name!r}")
 
 
 def from_kubeconfig(path: str) -> DirectTransport:
-    """The current context of a kubeconfig; :class:`Unsupported` for auth it cannot do."""
-    doc = yaml.safe_load(Path(path).read_text())
+    """The current context of a kubeconfig; :class:`Unsupported` for auth it cannot do,
+    :class:`KubeconfigError` for a file it cannot use."""
+    doc = _load_yaml(path)
+    if not isinstance(doc, dict):
+        raise KubeconfigError(f"kubeconfig {path}: not a kubeconfig (expected a mapping)")
     base = Path(path).resolve().parent
-
-    def pick(section: str, name: str) -> dict[str, Any]:
-        for item in doc.get(section) or []:
-            if item.get("name") == name:
-                return dict(item.get(section.rstrip("s")) or {})
-        raise Unsupported(f"kubeconfig: no {section.rstrip('s')} named {name!r}")
-
-    context = pick("contexts", doc.get("current-context", ""))
-    cluster = pick("clusters", context.get("cluster", ""))
-    user = pick("users", context.get("user", ""))
-    if any(key in user for key in ("exec", "auth-provider", "username", "password")):
-        raise Unsupported("kubeconfig user needs the official client")
 
     def local(value: str) -> str:
         return str(base / value) if not os.path.isabs(value) else value
 
+    context = _pick(doc, path, "contexts", str(doc.get("current-context", "")))
+    cluster_name, user_name = str(context.get("cluster", "")), str(context.get("user", ""))
+    cluster = _pick(doc, path, "clusters", cluster_name)
+    user = _pick(doc, path, "users", user_name)
+    if any(key in user for key in ("exec", "auth-provider", "username", "password")):
+        raise Unsupported("kubeconfig user needs the official client")
+    if not isinstance(cluster.get("server"), str):
+        raise KubeconfigError(
+            f"kubeconfig {path}: clusters[{cluster_name!r}].cluster.server is missing"
+        )
     server = str(cluster["server"])
-    secrets = Path(tempfile.mkdtemp(prefix="shoal-agent-"))
     context_ssl: ssl.SSLContext | None = None
     if server.startswith("https"):
-        context_ssl = ssl.create_default_context()
-        if cluster.get("insecure-skip-tls-verify"):
-            context_ssl.check_hostname = False
-            context_ssl.verify_mode = ssl.CERT_NONE
-        elif "certificate-authority-data" in cluster:
-            ca = base64.b64decode(cluster["certificate-authority-data"]).decode()
-            context_ssl.load_verify_locations(cadata=ca)
-        elif "certificate-authority" in cluster:
-            context_ssl.load_verify_locations(cafile=local(cluster["certificate-authority"]))
-        cert = user.get("client-certificate")
-        key = user.get("client-key")
-        if "client-certificate-data" in user:
-            cert = _materialize(user["client-certificate-data"], ".crt", secrets)
-        if "client-key-data" in user:
-            key = _materialize(user["client-key-data"], ".key", secrets)
-        if cert and key:
-            context_ssl.load_cert_chain(local(cert), local(key))
+        context_ssl = _server_trust(path, f"clusters[{cluster_name!r}].cluster", cluster, local)
+        _client_certificate(path, f"users[{user_name!r}].user", user, context_ssl, local)
     token = _Token(
         value=user.get("token"),
         path=local(user["tokenFile"]) if user.get("tokenFile") else None,
     )
     return DirectTransport(server=server, context=context_ssl, token=token)
+
+
+def _server_trust(
+    path: str, where: str, cluster: dict[str, Any], local: Callable[[str], str]
+) -> ssl.SSLContext:
+    """A TLS context that trusts the cluster's server as the kubeconfig says."""
+    context = ssl.create_default_context()
+    if cluster.get("insecure-skip-tls-verify"):
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    elif "certificate-authority-data" in cluster:
+        field = f"{where}.certificate-authority-data"
+        ca = _decoded(path, field, cluster["certificate-authority-data"])
+        try:
+            context.load_verify_locations(cadata=ca.decode())
+        except (ssl.SSLError, UnicodeDecodeError):
+            raise KubeconfigError(f"kubeconfig {path}: {field} is not a certificate") from None
+    elif "certificate-authority" in cluster:
+        context.load_verify_locations(cafile=local(cluster["certificate-authority"]))
+    return context
+
+
+def _client_certificate(
+    path: str,
+    where: str,
+    user: dict[str, Any],
+    context: ssl.SSLContext,
+    local: Callable[[str], str],
+) -> None:
+    """Load the user's client certificate and key into ``context``; the key is never left in
+    a file (see :func:`_secret_file`)."""
+    fields = ("client-certificate", "client-key")
+    if not any(f in user or f"{f}-data" in user for f in fields):
+        return
+    with contextlib.ExitStack() as stack:
+        paths = []
+        for field in fields:
+            if f"{field}-data" in user:
+                data = _decoded(path, f"{where}.{field}-data", user[f"{field}-data"])
+                paths.append(stack.enter_context(_secret_file(data)))
+            elif field in user:
+                paths.append(local(str(user[field])))
+        if len(paths) < 2:
+            raise KubeconfigError(
+                f"kubeconfig {path}: {where} has a client certificate without its key or a key "
+                "without its certificate"
+            )
+        try:
+            context.load_cert_chain(paths[0], paths[1])
+        except ssl.SSLError:
+            raise KubeconfigError(
+                f"kubeconfig {path}: {where}.client-certificate and client-key do not load as a "
+                "certificate and its private key"
+            ) from None
 
 
 def in_cluster(account: Path = SERVICE_ACCOUNT) -> DirectTransport:

@@ -2,12 +2,20 @@
 
 Three channels, read concurrently on every tick (IMDSv2 session token, IMDSv1 fallback):
 
-- ``aws/spot``: ``spot/instance-action`` (404 = nothing planned). No id of its own: the id is a
-  digest of action and time, so the same notice read again is the same notice.
-- ``aws/rebalance``: ``events/recommendations/rebalance``. Not disruptive: the node is only
-  tainted so nothing new lands there (draining on it makes nodes thrash).
+- ``aws/spot``: ``spot/instance-action`` (404 = nothing planned). No id of its own, and an
+  instance is interrupted once: the id is the action, so the same notice read again is the same
+  notice even when its time moves (the store keeps the earliest deadline).
+- ``aws/rebalance``: ``events/recommendations/rebalance``, one at a time, so one id. Not
+  disruptive: the node is only tainted so nothing new lands there (draining on it makes nodes
+  thrash).
 - ``aws/maintenance``: ``events/maintenance/scheduled``; ``active`` events are notices, a
   ``canceled`` or ``completed`` one is a withdrawal.
+- ``aws/lifecycle``: ``autoscaling/target-lifecycle-state`` (404 outside an Auto Scaling
+  group). ``Terminated`` or ``Warmed:Terminated`` is a notice with ``lifecycle_lead`` to go: the
+  group's termination lifecycle hook holds the instance that long (its heartbeat timeout, an
+  hour unless the hook says otherwise). The state has no time of its own; the deadline is taken
+  from the first read (the store keeps the earliest), and a state back to ``InService`` withdraws
+  it.
 """
 
 from __future__ import annotations
@@ -32,7 +40,6 @@ from nodeagent.providers.base import (
 )
 from nodeagent.providers.common import (
     SessionToken,
-    digest,
     http_date_field,
     json_body,
     rfc3339_field,
@@ -44,6 +51,23 @@ SPOT_LEAD = timedelta(minutes=2)
 #: A spot time later than this is not believed (the documented notice is two minutes).
 SPOT_MAX_LEAD = timedelta(minutes=5)
 _ACTIONS = {"terminate": Kind.TERMINATE, "stop": Kind.STOP, "hibernate": Kind.HIBERNATE}
+#: Lifecycle hook heartbeat timeout when the hook does not set one.
+LIFECYCLE_LEAD = timedelta(hours=1)
+#: The target lifecycle states Auto Scaling documents; anything else is a garbled answer.
+_LIFECYCLE_STATES = frozenset(
+    {
+        "Pending",
+        "InService",
+        "Terminated",
+        "Detached",
+        "Standby",
+        "Warmed:Hibernated",
+        "Warmed:Running",
+        "Warmed:Stopped",
+        "Warmed:Terminated",
+    }
+)
+_LIFECYCLE_LEAVING = frozenset({"Terminated", "Warmed:Terminated"})
 _MAINTENANCE = {
     "instance-reboot": (Kind.REBOOT, True),
     "system-reboot": (Kind.REBOOT, True),
@@ -59,6 +83,7 @@ class AwsProvider:
     token_ttl: int = 21600
     clock: Clock = wall_clock
     rng: random.Random = field(default_factory=random.Random)
+    lifecycle_lead: timedelta = LIFECYCLE_LEAD
     name: str = "aws"
     http: Http = field(init=False)
     token: SessionToken = field(init=False)
@@ -79,6 +104,7 @@ class AwsProvider:
                 report(sink, "aws/spot", self.spot),
                 report(sink, "aws/rebalance", self.rebalance),
                 report(sink, "aws/maintenance", self.maintenance),
+                report(sink, "aws/lifecycle", self.lifecycle),
             )
 
         await poll_forever(self.settings, self.rng, tick)
@@ -97,7 +123,10 @@ class AwsProvider:
         stated = rfc3339_field(doc.get("time"), f"{where}.time")
         return [
             Notice(
-                event_id=EventId(f"aws-spot-{digest(action, resp.body.strip())}"),
+                # One interruption per instance: its identity is the action, not the body (a
+                # time that moves between reads is the same notice; the store keeps the
+                # earliest deadline it was given).
+                event_id=EventId(f"aws-spot-{action}"),
                 source=self.name,
                 channel="aws/spot",
                 kind=_ACTIONS[action],
@@ -119,7 +148,9 @@ class AwsProvider:
         noticed = rfc3339_field(doc.get("noticeTime"), f"{where}.noticeTime")
         return [
             Notice(
-                event_id=EventId(f"aws-rebalance-{digest(resp.body.strip())}"),
+                # At most one recommendation stands at a time; a noticeTime re-stamped on each
+                # read is still that one.
+                event_id=EventId("aws-rebalance"),
                 source=self.name,
                 channel="aws/rebalance",
                 kind=Kind.REBALANCE,
@@ -163,6 +194,29 @@ class AwsProvider:
                 )
             )
         return notices
+
+    async def lifecycle(self) -> Sequence[Notice]:
+        where = "autoscaling/target-lifecycle-state"
+        resp = await self.token.get("/latest/meta-data/" + where)
+        if resp.status == 404:
+            return []
+        if resp.status != 200:
+            raise unexpected(resp, where)
+        state = resp.body.strip()
+        if state not in _LIFECYCLE_STATES:
+            raise BadBody(f"{where}: not a lifecycle state: {resp.body[:80]!r}")
+        if state not in _LIFECYCLE_LEAVING:
+            return []
+        return [
+            Notice(
+                event_id=EventId("aws-lifecycle-terminated"),
+                source=self.name,
+                channel="aws/lifecycle",
+                kind=Kind.TERMINATE,
+                deadline=self.clock() + self.lifecycle_lead,
+                reason=f"EC2 Auto Scaling is taking the instance out: target state {state}",
+            )
+        ]
 
     def stale_after(self) -> float:
         return max(10.0, 10 * self.settings.interval)

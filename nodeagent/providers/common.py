@@ -12,7 +12,8 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from nodeagent.events import in_range, parse_rfc3339
+from contracts.times import in_range
+from nodeagent.events import parse_rfc3339
 from nodeagent.providers.base import BadBody, BadStatus, Http, Response, Unreachable
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Final
 
@@ -51,6 +52,7 @@ def build(
     interval: float = 1.0,
     timeout: float = 2.0,
     azure_vm_name: str | None = None,
+    aws_lifecycle_lead: float | None = None,
 ) -> Provider:
     """The provider called ``name`` (not ``auto``). ``metadata_url`` is the server's root
     (``http://host:port``), for every cloud alike."""
@@ -60,7 +62,12 @@ def build(
         return HttpSettings(base, interval=interval, timeout=timeout)
 
     if name == "aws":
-        return aws.AwsProvider(settings=settings(aws.DEFAULT_URL))
+        lead = (
+            aws.LIFECYCLE_LEAD
+            if aws_lifecycle_lead is None
+            else timedelta(seconds=aws_lifecycle_lead)
+        )
+        return aws.AwsProvider(settings=settings(aws.DEFAULT_URL), lifecycle_lead=lead)
     if name == "gcp":
         return gcp.GcpProvider(settings=settings(gcp.DEFAULT_URL, gcp.PATH))
     if name == "azure":

@@ -13,19 +13,23 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from packaging.requirements import Requirement
 
 from contracts import names
+from fakes.clouds import CLOUDS, Alibaba, Aws, Azure, Cloud, Gcp, NoCloud
 from nodeagent.client import LeaveNotice, NoticeClient, NoticeRefused, PodIdentity
-from nodeagent.testing.clouds import CLOUDS, Alibaba, Aws, Azure, Cloud, Gcp, NoCloud
+from tests import waiting
 
 T = TypeVar("T")
 
@@ -40,20 +44,69 @@ HOLD = "shoal.dev/test-hold"
 
 
 def eventually(probe: Callable[[], T | None], *, timeout: float = 45, what: str = "") -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.1)
+    """:func:`tests.waiting.eventually`, polling every 0.1 s (notices are fast)."""
+    return waiting.eventually(probe, timeout=timeout, interval=0.1, what=what)
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+#: What Dockerfile.agent sets for the agent beyond paths (tests/unit/test_dockerfiles.py checks).
+IMAGE_ENV = {"MALLOC_ARENA_MAX": "2"}
+
+
+def shipped(into: Path) -> tuple[list[str], dict[str, str]]:
+    """An interpreter and environment that see the product and the distributions its wheel
+    depends on, and nothing else: no dev extra (rich, matplotlib, pytest), as in the image.
+
+    ``into`` gets one link per top-level module of those distributions; the interpreter runs
+    without ``site`` (``-S -s``) on ``PYTHONPATH=into:<checkout>``.
+    """
+    site = Path(sysconfig.get_paths()["purelib"])
+    into.mkdir(parents=True, exist_ok=True)
+    for dist in _closure("shoal"):
+        for top in (dist.read_text("top_level.txt") or "").split() or _tops(dist):
+            for found in (site / top, *site.glob(f"{top}.*.so"), site / f"{top}.py"):
+                link = into / found.name
+                if found.exists() and not link.exists():
+                    link.symlink_to(found)
+            # A one-file module's bytecode too: compiling it again in every agent would cost
+            # memory the image's agent never spends.
+            cached = site / "__pycache__" / f"{top}.{sys.implementation.cache_tag}.pyc"
+            if cached.exists() and not (into / "__pycache__" / cached.name).exists():
+                (into / "__pycache__").mkdir(exist_ok=True)
+                (into / "__pycache__" / cached.name).symlink_to(cached)
+    checkout = Path(__file__).resolve().parents[3]
+    env = {"PYTHONPATH": f"{into}{os.pathsep}{checkout}", **IMAGE_ENV}
+    return [sys.executable, "-S", "-s"], env
+
+
+def _closure(name: str) -> list[metadata.Distribution]:
+    """``name``'s distribution's run-time requirements, recursively (no extras)."""
+    seen: dict[str, metadata.Distribution] = {}
+    todo = [name]
+    while todo:
+        dist = metadata.distribution(todo.pop())
+        key = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if key in seen:
+            continue
+        seen[key] = dist
+        for text in dist.requires or []:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    seen.pop("shoal", None)
+    return list(seen.values())
+
+
+def _tops(dist: metadata.Distribution) -> list[str]:
+    """Top-level names from a distribution's file list (when it ships no top_level.txt)."""
+    names = {str(f).split("/", 1)[0] for f in dist.files or []}
+    skip = (".dist-info", ".pth", "__pycache__")
+    return sorted(n.removesuffix(".py") for n in names if not n.endswith(skip))
 
 
 @dataclass
@@ -67,6 +120,9 @@ class AgentProcess:
     workdir: Path
     extra: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    #: The interpreter and its options (``shipped()`` gives one that sees only what the image
+    #: holds).
+    python: list[str] = field(default_factory=lambda: [sys.executable])
     proc: subprocess.Popen[bytes] | None = None
     port: int = 0
     starts: int = 0
@@ -79,11 +135,13 @@ class AgentProcess:
     def log_path(self) -> Path:
         return self.workdir / f"agent-{self.starts}.log"
 
-    def start(self) -> None:
+    def start(self, *, until_ready: bool = True) -> None:
+        """Start and wait until ``/readyz`` answers 200 (or only ``/healthz``, for an agent
+        started while the API server is unreachable)."""
         self.starts += 1
         self.port = free_port()
         args = [
-            sys.executable,
+            *self.python,
             "-m",
             "nodeagent",
             "--kubeconfig",
@@ -103,10 +161,14 @@ class AgentProcess:
             *self.extra,
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
+        env["SHOAL_STATE_DIR"] = str(self.workdir / "state")
         env.update(self.env)
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
-        eventually(self.ready, timeout=60, what=f"the agent to be ready ({self.log_path})")
+        if until_ready:
+            eventually(self.ready, timeout=60, what=f"the agent to be ready ({self.log_path})")
+        else:
+            eventually(self.live, timeout=60, what=f"the agent to be live ({self.log_path})")
 
     def get(self, path: str) -> tuple[int, dict[str, Any]]:
         try:
@@ -116,10 +178,16 @@ class AgentProcess:
             return exc.code, json.loads(exc.read())
 
     def ready(self) -> bool:
+        return self._answers("/readyz")
+
+    def live(self) -> bool:
+        return self._answers("/healthz")
+
+    def _answers(self, path: str) -> bool:
         if self.proc is not None and self.proc.poll() is not None:
             pytest.fail(f"the agent exited with {self.proc.returncode}: {self.log_path}")
         try:
-            return self.get("/readyz")[0] == 200
+            return self.get(path)[0] == 200
         except OSError:
             return False
 

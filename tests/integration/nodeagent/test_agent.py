@@ -21,11 +21,11 @@ from kubernetes import client
 
 from contracts import gputopology, names
 from devcluster import nodes
+from fakes import metadata
+from fakes import nvml as fake_nvml
+from fakes.podresources import FakePodResources
 from nodeagent.client import NoticeRefused, PodIdentity
 from nodeagent.events import parse_rfc3339
-from nodeagent.testing import metadata
-from nodeagent.testing import nvml as fake_nvml
-from nodeagent.testing.podresources import FakePodResources
 from tests.integration.conftest import Devcluster
 from tests.integration.nodeagent.harness import (
     CLOUDS,
@@ -422,6 +422,44 @@ def test_an_autoscaler_taint_is_a_notice_and_its_removal_a_withdrawal(
     assert disruption_target(scene.pod("trainer-0")) is None
 
 
+def test_a_reclaim_on_a_pod_is_its_notice_and_taking_it_back_withdraws_it(
+    cloudless_scene: Scene,
+) -> None:
+    scene = cloudless_scene
+    worker = scene.worker("trainer-0")
+    bystander = scene.worker("metrics-sidecar")
+    leave_by = "2031-01-01T00:00:00Z"
+    try:
+        assert worker.next().state == "none"
+        assert bystander.next().state == "none"
+        # The annotations the scheduler writes when it takes the pod back for another gang.
+        asked = {names.LEAVE_BY_ANNOTATION: leave_by, names.RECLAIMED_FOR_ANNOTATION: "ml/big"}
+        scene.core.patch_namespaced_pod(
+            "trainer-0", scene.namespace, {"metadata": {"annotations": asked}}
+        )
+
+        heard = worker.until("leave")
+        assert (heard.source, heard.kind) == ("scheduler", "reclaim")
+        assert heard.leave_by == parse_rfc3339(leave_by)
+        assert "ml/big" in heard.reason
+
+        taken_back = {k: None for k in asked}
+        scene.core.patch_namespaced_pod(
+            "trainer-0", scene.namespace, {"metadata": {"annotations": taken_back}}
+        )
+        assert worker.until("withdrawn").state == "withdrawn"
+        assert bystander.notices.empty()  # the reclaim was that pod's alone
+    finally:
+        worker.close()
+        bystander.close()
+    # The scheduler's notice: the agent touched neither the node nor the pod's annotations.
+    assert taint(scene.node_object()) is None
+    notes = scene.pod("trainer-0").metadata.annotations or {}
+    assert names.LEAVE_REASON_ANNOTATION not in notes
+    assert not events(scene.core, scene.namespace, "trainer-0", "LeaveBy")
+    assert disruption_target(scene.pod("trainer-0")) is None
+
+
 def test_readyz_reports_a_failing_metadata_server_and_the_agent_survives_it(
     aws_scene: Scene,
 ) -> None:
@@ -746,7 +784,8 @@ def test_the_agent_works_with_a_token_and_only_its_documented_rbac(
         refused = [
             line
             for line in scene.agent.log_lines()
-            if line.get("event") in ("action_failed", "event_not_recorded", "pods_unreadable")
+            if line.get("event")
+            in ("action_failed", "event_not_recorded", "pods_unreadable", "pod_watch_failed")
         ]
         assert refused == []
     finally:

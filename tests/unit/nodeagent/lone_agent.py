@@ -1,7 +1,8 @@
 """``python -m tests.unit.nodeagent.lone_agent METADATA_URL SOCKET KUBELET_SOCKET``: the agent
 with its GPU monitor, in a process of its own (NVML is found through ``LD_LIBRARY_PATH``, as on
 a node), the API server side in memory. Prints ``{"port": N}`` once its endpoints answer, then
-runs until terminated. Fast retries, so faults and recoveries show within a second."""
+runs until terminated. Fast retries, so faults and recoveries show within a second. The notice
+socket's limits come from the agent's own environment variables (``SHOAL_MAX_WATCHES``...)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import json
 import signal
 import sys
 
-from nodeagent import health, podresources
+import structlog
+
+from nodeagent import cli, health, podresources
 from nodeagent.agent import Agent
-from nodeagent.gpu.monitor import GpuMonitor
+from nodeagent.gpu.monitor import GpuOptions
 from nodeagent.notify.server import serve
 from nodeagent.providers import HttpSettings
 from nodeagent.providers.aws import AwsProvider
@@ -21,22 +24,15 @@ from tests.unit.nodeagent.notice_socket import Cluster
 
 async def main(metadata_url: str, socket_path: str, kubelet_socket: str) -> None:
     provider = AwsProvider(settings=HttpSettings(metadata_url, interval=0.05, timeout=0.5))
-    agent = Agent(Cluster(), [provider], node_name="gpu-0")
 
     async def owners() -> dict[str, str]:
         return await podresources.gpu_owners(kubelet_socket, time_limit=0.5)
 
-    agent.gpu = GpuMonitor(
-        agent.publish_topology,
-        owners=owners,
-        owners_every=0.1,
-        on_faults=lambda notices: agent.observed("gpu", notices),
-        clock=agent.clock,
-        absent_retry=0.2,
-        error_retry=0.2,
-    )
-    grpc_server = await serve(agent.service, socket_path)
-    runner, port = await health.serve(agent, "127.0.0.1", 0)
+    gpu = GpuOptions(owners=owners, owners_every=0.1, absent_retry=0.2, error_retry=0.2)
+    agent = Agent(Cluster(), [provider], node_name="gpu-0", gpu=gpu)
+    limits = cli.socket_limits(cli.parser().parse_args(["--node-name", "gpu-0"]))
+    grpc_server = await serve(agent.board.service, socket_path, limits)
+    runner, port = await health.serve(agent.reports, "127.0.0.1", 0)
     agent.start()
     print(json.dumps({"port": port}), flush=True)
     stop = asyncio.Event()
@@ -48,4 +44,7 @@ async def main(metadata_url: str, socket_path: str, kubelet_socket: str) -> None
 
 
 if __name__ == "__main__":
+    # The log goes to stderr (the test's agent.log): stdout is a pipe the test stops reading
+    # after the first line, and a full pipe would stop the agent at its next log line.
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     asyncio.run(main(*sys.argv[1:4]))

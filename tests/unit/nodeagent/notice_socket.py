@@ -3,11 +3,18 @@ of its own, so that a test (and hypothesis) can call it with the ordinary blocki
 
 The API server side is in memory and records every eviction and deletion: what a user would
 notice of a wrong ack is their pod evicted before its deadline.
+
+Every SocketAgent of a test process runs on one event loop that is never closed. grpc.aio
+delivers completions through whichever bound loop wakes first, and hands a completion that
+belongs to a closed loop to that loop's ``call_soon_threadsafe``, which raises and leaves the
+rest of the queue undelivered until the next completion: with a fresh loop per test, stopping a
+server could wait for its shutdown completion forever (seen once in CI, as a teardown timeout).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -22,7 +29,7 @@ from nodeagent.agent import Agent
 from nodeagent.events import EventId, Kind, Notice, Pod, PodKey, PodUid, Tracked
 from nodeagent.notify import notices_pb2 as pb
 from nodeagent.notify import rpc
-from nodeagent.notify.server import serve
+from nodeagent.notify.server import SocketLimits, serve
 
 T = TypeVar("T")
 
@@ -85,14 +92,22 @@ class Cluster:
     def write_topology(self, text: str) -> None: ...
 
 
+@functools.cache
+def shared_loop() -> asyncio.AbstractEventLoop:
+    """The one loop every SocketAgent of this process runs on (started on first use)."""
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, name="agents", daemon=True).start()
+    return loop
+
+
 class SocketAgent:
     """Start with :meth:`start`, stop with :meth:`stop`; ``stub`` is a blocking client."""
 
-    def __init__(self, socket_path: Path) -> None:
+    def __init__(self, socket_path: Path, limits: SocketLimits | None = None) -> None:
         self.socket_path = str(socket_path)
+        self.limits = limits
         self.cluster = Cluster()
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="agent", daemon=True)
+        self.loop = shared_loop()
         self.agent: Agent | None = None
         self._server: Any = None
         self.channel: Any = None
@@ -108,18 +123,16 @@ class SocketAgent:
         return future.result(timeout)
 
     def start(self) -> None:
-        self._thread.start()
-
         async def start() -> Agent:
             agent = Agent(self.cluster, [], node_name="gpu-0")
-            self._server = await serve(agent.service, self.socket_path)
+            self._server = await serve(agent.board.service, self.socket_path, self.limits)
             agent.start()
             return agent
 
         self.agent = self.call(start)
         self.channel = grpc.insecure_channel(f"unix:{self.socket_path}")
         self.stub = rpc.NoticesStub(self.channel)
-        self.until(lambda: self.a.restored, "the agent restored its state")
+        self.until(lambda: self.a.pods.restored, "the agent restored its state")
 
     @property
     def a(self) -> Agent:
@@ -135,25 +148,26 @@ class SocketAgent:
             await self._server.stop(0)
 
         self.call(stop)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-        self.loop.close()
 
     def observe(self, notices: Sequence[Notice]) -> None:
         """A metadata read of the spot channel that saw ``notices``."""
 
         async def observed() -> None:
-            self.a.observed(CHANNEL, notices)
+            self.a.intake.observed(CHANNEL, notices)
 
         self.call(observed)
 
     def settle(self) -> None:
-        """Wait until the reconcile loop has run at least twice more (all that is due is done)."""
-        start = self.a.reconciles
+        """Wait until the reconcile loop has run at least twice more and no API write is under
+        way (all that is due is done)."""
+        start = self.a.reconciler.turns
         for _ in range(2):
-            self.loop.call_soon_threadsafe(self.a.wake)
+            self.loop.call_soon_threadsafe(self.a.reconciler.wake)
             time.sleep(0.02)
-        self.until(lambda: self.a.reconciles >= start + 2, "the reconcile loop turned")
+        self.until(
+            lambda: self.a.reconciler.turns >= start + 2 and self.a.executor.pending == 0,
+            "the reconcile loop turned and its writes were done",
+        )
 
     def until(self, check: Callable[[], T], what: str, seconds: float = 10.0) -> T:
         end = time.monotonic() + seconds

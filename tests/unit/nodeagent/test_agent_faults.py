@@ -19,12 +19,12 @@ import aiohttp
 import grpc
 import pytest
 
+from fakes import nvml as fake_nvml
+from fakes.metadata import AwsMetadata
+from fakes.podresources import FakePodResources
 from nodeagent.notify import notices_pb2 as pb
 from nodeagent.notify import rpc
-from nodeagent.testing import nvml as fake_nvml
-from nodeagent.testing.metadata import AwsMetadata
-from nodeagent.testing.podresources import FakePodResources
-from tests import figures
+from tests import figures, waiting
 from tests.unit.nodeagent.notice_socket import PODS, identity
 
 pytestmark = pytest.mark.reliability
@@ -43,13 +43,7 @@ def libdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 async def until(check: Callable[[], Awaitable[T | None]], what: str, seconds: float = 20) -> T:
-    end = asyncio.get_running_loop().time() + seconds
-    while asyncio.get_running_loop().time() < end:
-        value = await check()
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    pytest.fail(f"timed out waiting until {what}")
+    return await waiting.arrives(check, seconds=seconds, interval=0.05, what=what)
 
 
 class Lone:

@@ -23,7 +23,8 @@ def test_help_documents_the_environment_variables(capsys: pytest.CaptureFixture[
     with pytest.raises(SystemExit):
         cli.parser().parse_args(["--help"])
     out = " ".join(capsys.readouterr().out.split())  # help text is wrapped
-    for variable in ("NODE_NAME", "KUBECONFIG", "SHOAL_PROVIDER", "SHOAL_METADATA_URL"):
+    variables = ["NODE_NAME", "KUBECONFIG", "SHOAL_PROVIDER", "SHOAL_METADATA_URL"]
+    for variable in [*variables, "SHOAL_STATE_DIR"]:
         assert f"env {variable}" in out
 
 

@@ -11,12 +11,12 @@ from typing import Any
 import aiohttp
 import pytest
 
+from fakes.metadata import AwsMetadata
 from nodeagent import health
 from nodeagent.agent import Agent
 from nodeagent.events import Notice, Pod, Tracked
 from nodeagent.providers import HttpSettings
 from nodeagent.providers.aws import AwsProvider
-from nodeagent.testing.metadata import AwsMetadata
 from tests import figures
 
 pytestmark = pytest.mark.reliability
@@ -53,6 +53,13 @@ class Cluster:
     def write_topology(self, text: str) -> None: ...
 
 
+class QuickAws(AwsProvider):
+    """Stale after a second without a good read, so a hang shows in /readyz quickly."""
+
+    def stale_after(self) -> float:
+        return 1.0
+
+
 class Running:
     def __init__(self, server: AwsMetadata, agent: Agent, url: str) -> None:
         self.server = server
@@ -78,14 +85,10 @@ class Running:
 async def running() -> AsyncIterator[Running]:
     server = AwsMetadata()
     await server.start()
-    provider = AwsProvider(settings=HttpSettings(server.url, interval=0.05, timeout=0.3))
+    provider = QuickAws(settings=HttpSettings(server.url, interval=0.05, timeout=0.3))
     agent = Agent(Cluster(), [provider], node_name="gpu-0")
-    # Stale after a second without a good read, so a hang shows in /readyz quickly.
-    provider_stale = 1.0
     agent.start()
-    runner, port = await health.serve(agent, "127.0.0.1", 0)
-    for channel in ("aws/spot", "aws/rebalance", "aws/maintenance"):
-        agent._channel(channel, provider).stale_after = provider_stale
+    runner, port = await health.serve(agent.reports, "127.0.0.1", 0)
     run = Running(server, agent, f"http://127.0.0.1:{port}")
     yield run
     await run.http.close()
@@ -122,11 +125,11 @@ async def test_a_hostile_metadata_server_is_named_in_readyz_and_healthz_stays_up
 
 async def test_endpoints_take_no_writes_and_show_no_token(running: Running) -> None:
     for _ in range(200):
-        if running.server.tokens and running.agent.channels.get("aws/spot"):
+        if running.server.tokens and "aws/spot" in running.agent.reports.status()["channels"]:
             break
         await asyncio.sleep(0.05)
     (token,) = running.server.tokens
-    before = running.agent.status()
+    before = running.agent.reports.status()
     refused = 0
     for path in ("/healthz", "/readyz", "/metrics", "/status"):
         status, text = await running.get(path)
@@ -137,6 +140,6 @@ async def test_endpoints_take_no_writes_and_show_no_token(running: Running) -> N
                 assert resp.status == 405, (method, path)
                 assert token not in await resp.text()
                 refused += 1
-    after = running.agent.status()
+    after = running.agent.reports.status()
     assert (after["notices"], after["pods"]) == (before["notices"], before["pods"])
     figures.record("agent faults", "writes refused by the agent's endpoints", refused)

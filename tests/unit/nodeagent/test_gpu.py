@@ -1,5 +1,5 @@
 """GPU topology and health through the real pynvml, loading a fake libnvidia-ml.so.1 built from
-C (``nodeagent/testing/fake_nvml.c``). Each read runs in a fresh process, because the library
+C (``fakes/fake_nvml.c``). Each read runs in a fresh process, because the library
 is found through ``LD_LIBRARY_PATH`` exactly as on a node."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from contracts import gputopology
+from fakes import nvml as fake_nvml
 from nodeagent.gpu.xid import GpuHealth, XidPolicy
-from nodeagent.testing import nvml as fake_nvml
 
 READ = """
 import json, os, sys

@@ -7,13 +7,17 @@ from datetime import UTC, datetime
 
 import pytest
 
+from contracts import names
+from nodeagent.calls import WatchExpired
 from nodeagent.events import EventId, Kind, Notice, Tracked
 from nodeagent.k8s import (
+    ApiError,
     ConditionRule,
     decode_revocation,
     encode_revocation,
     matching_condition,
 )
+from nodeagent.k8s.cluster import pod_change
 
 T0 = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
 
@@ -109,3 +113,51 @@ def test_a_damaged_annotation_is_a_value_error_not_a_crash(text: str) -> None:
     # Anything else made the restore step fail and retry for ever: the agent never got ready.
     with pytest.raises(ValueError, match=r"notices|JSON"):
         decode_revocation(text)
+
+
+def watched(kind: str, *, phase: str = "Running", **annotations: str) -> dict[str, object]:
+    return {
+        "type": kind,
+        "object": {
+            "metadata": {
+                "namespace": "ml",
+                "name": "w-1",
+                "uid": "u-1",
+                "resourceVersion": "77",
+                "labels": {names.GANG_LABEL: "small"},
+                "annotations": annotations,
+            },
+            "status": {"phase": phase},
+        },
+    }
+
+
+def test_a_watched_pod_reads_as_the_store_needs_it() -> None:
+    change = pod_change(
+        watched(
+            "MODIFIED",
+            **{
+                names.LEAVE_BY_ANNOTATION: "2026-11-30T10:02:00Z",
+                names.RECLAIMED_FOR_ANNOTATION: "ml/big",
+            },
+        )
+    )
+    assert change is not None
+    assert change.version == "77"
+    assert not change.gone
+    assert change.pod is not None
+    assert (change.pod.key, change.pod.reclaimed_for) == ("ml/w-1", "ml/big")
+    assert change.pod.leave_by == T0.replace(minute=2)
+    # Deleted, or finished (a list leaves those out): gone.
+    for gone in (watched("DELETED"), watched("MODIFIED", phase="Succeeded")):
+        assert getattr(pod_change(gone), "gone", None) is True
+    bookmark = pod_change(watched("BOOKMARK"))
+    assert bookmark is not None
+    assert (bookmark.pod, bookmark.version) == (None, "77")
+
+
+def test_a_watch_error_event_is_raised_410_as_too_old() -> None:
+    with pytest.raises(WatchExpired):
+        pod_change({"type": "ERROR", "object": {"code": 410, "message": "too old"}})
+    with pytest.raises(ApiError, match="forbidden"):
+        pod_change({"type": "ERROR", "object": {"code": 403, "message": "forbidden"}})

@@ -101,11 +101,17 @@ def test_an_undecodable_request_is_invalid_argument_not_a_traceback(node: Socket
 
 def test_an_identity_longer_than_kubernetes_allows_is_refused_unlogged(node: SocketAgent) -> None:
     (ns, w0, uid0), _ = PODS
-    huge = "x" * 100_000
+    long, huge = "x" * 1_000, "x" * 100_000
     with capture_logs() as logs:
-        for who in ((huge, w0, uid0), (ns, huge, uid0), (ns, w0, huge)):
+        for who in ((long, w0, uid0), (ns, long, uid0), (ns, w0, long)):
             with pytest.raises(grpc.RpcError) as refused:
                 ack(node, *who)
             assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
             assert "at most 63 characters" in refused.value.details()
-    assert not any(huge in str(line) for line in logs)
+        # A request larger than any identity could make is not even read.
+        for who in ((huge, w0, uid0), (ns, huge, uid0), (ns, w0, huge)):
+            with pytest.raises(grpc.RpcError) as refused:
+                ack(node, *who)
+            assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "larger than max" in refused.value.details()
+    assert not any(long in str(line) for line in logs)

@@ -10,6 +10,12 @@ from typing import Any
 
 import pytest
 
+from fakes.metadata import (
+    AlibabaMetadata,
+    AwsMetadata,
+    AzureMetadata,
+    GcpMetadata,
+)
 from nodeagent.events import Kind, Notice
 from nodeagent.providers import HttpSettings, ProviderError
 from nodeagent.providers.alibaba import AlibabaProvider
@@ -18,12 +24,8 @@ from nodeagent.providers.azure import AzureProvider
 from nodeagent.providers.base import BadBody, Http
 from nodeagent.providers.common import SessionToken
 from nodeagent.providers.gcp import GcpProvider
-from nodeagent.testing.metadata import (
-    AlibabaMetadata,
-    AwsMetadata,
-    AzureMetadata,
-    GcpMetadata,
-)
+from nodeagent.store import Settings as StoreSettings
+from nodeagent.store import Store
 
 NOW = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
 
@@ -112,6 +114,75 @@ async def test_aws_spot_notice_is_read_with_a_token_and_keeps_its_id(aws: AwsMet
     assert aws.token_puts == 1
     assert aws.unauthorized == 0
     assert recorder.failures == []
+
+
+async def test_aws_auto_scaling_termination_is_a_notice_with_the_hooks_lead(
+    aws: AwsMetadata,
+) -> None:
+    provider = AwsProvider(
+        settings=fast(aws.url), clock=lambda: NOW, lifecycle_lead=timedelta(minutes=15)
+    )
+    recorder = Recorder()
+    task = await watching(provider, recorder)
+    # Outside an Auto Scaling group the item is a 404: no notice, no failure.
+    await recorder.until(lambda: recorder.latest("aws/lifecycle") == [], "a first empty read")
+    aws.lifecycle_state = "InService"
+    await recorder.until(lambda: len(recorder.observed_by["aws/lifecycle"]) >= 3, "more reads")
+    assert recorder.latest("aws/lifecycle") == []
+    aws.lifecycle_state = "Terminated"
+    await recorder.until(lambda: recorder.latest("aws/lifecycle"), "the lifecycle notice")
+    (notice,) = recorder.latest("aws/lifecycle") or ()
+    assert (notice.kind, notice.deadline) == (Kind.TERMINATE, NOW + timedelta(minutes=15))
+    assert "Terminated" in notice.reason
+    aws.lifecycle_state = "Warmed:Terminated"
+
+    def warm_pool() -> Notice | None:
+        latest = recorder.latest("aws/lifecycle") or ()
+        return latest[0] if latest and "Warmed:Terminated" in latest[0].reason else None
+
+    await recorder.until(warm_pool, "the warm pool's termination")
+    assert (warm_pool() or notice).event_id == notice.event_id
+    # Garbage is a failure of the channel, named, not a notice and not a crash.
+    aws.lifecycle_state = "<html>proxy error</html>"
+    await recorder.until(lambda: recorder.failures, "the garbled answer reported")
+    await stop(task, provider)
+    channel, error = recorder.failures[-1]
+    assert (channel, error.kind) == ("aws/lifecycle", "body")
+    assert "not a lifecycle state" in str(error)
+
+
+async def test_aws_documents_restamped_on_every_read_are_one_notice_each() -> None:
+    # AWS's own metadata mock re-stamps the spot time to "now + 2 min" and the rebalance
+    # noticeTime to "now" on each read. Keyed on the whole body, every read was a new notice
+    # that withdrew the last (65 node annotation writes and 107 withdrawals in 58 s), and the
+    # deadline slid forever, so nothing was ever evicted.
+    server = AwsMetadata(restamp=True)
+    await server.start()
+    server.instance_action = {"action": "terminate", "time": "2026-11-30T10:02:00Z"}
+    server.rebalance = {"noticeTime": "2026-11-30T10:00:00Z"}
+    provider = AwsProvider(settings=fast(server.url), clock=lambda: datetime.now(UTC))
+    recorder = Recorder()
+    task = await watching(provider, recorder)
+    started = asyncio.get_running_loop().time()
+    await recorder.until(
+        lambda: (
+            asyncio.get_running_loop().time() - started > 2.2
+            and len(recorder.observed_by["aws/spot"]) >= 5
+        ),
+        "reads across more than two seconds",
+    )
+    await stop(task, provider)
+    await server.close()
+    spot = [n for seen in recorder.observed_by["aws/spot"] for n in seen]
+    rebalance = [n for seen in recorder.observed_by["aws/rebalance"] for n in seen]
+    assert len({n.deadline for n in spot}) > 1  # the server really moved the time
+    assert {n.event_id for n in spot} == {"aws-spot-terminate"}
+    assert {n.event_id for n in rebalance} == {"aws-rebalance"}
+    store = Store(StoreSettings())
+    new = [store.observe("aws/spot", seen, NOW) for seen in recorder.observed_by["aws/spot"]]
+    assert [ids for ids in new if ids] == [["aws-spot-terminate"]]  # detected once, never again
+    [tracked] = store.active()
+    assert tracked.notice.deadline == min(n.deadline for n in spot)  # it never slides later
 
 
 async def test_aws_expired_token_is_renewed_without_reporting_a_failure(

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from fakes import metadata
 from nodeagent.providers import select
-from nodeagent.testing import metadata
 
 
 @pytest.mark.parametrize(

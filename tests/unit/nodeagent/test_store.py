@@ -20,9 +20,10 @@ from nodeagent.events import (
     PodKey,
     PodUid,
     SyncNode,
+    Tracked,
     WithdrawPod,
 )
-from nodeagent.store import AckOutcome, Settings, Store
+from nodeagent.store import AckOutcome, Settings, Store, reclaim_notice
 
 T0 = datetime(2026, 11, 30, 10, 0, 0, tzinfo=UTC)
 
@@ -356,3 +357,137 @@ def test_an_ack_before_the_pod_hears_of_its_notice_is_refused() -> None:
     # Live, but nothing told to the pod yet: it cannot have checkpointed for it.
     assert store.acknowledge(PodKey("ns/w0"), PodUid("uid-w0"), 3) is AckOutcome.NOT_UNDER_NOTICE
     assert not any(isinstance(a, EvictPod) for a in settle(store, at(1)))
+
+
+def test_workers_told_while_the_api_server_is_down_are_under_notice_once() -> None:
+    """Nothing can be annotated: what the workers heard is what the pod was told. A watch
+    opened later gets the notice, the same notice is not told twice, and the ack counts."""
+    store = Store()
+    store.set_pods([pod("w0")])
+    live = notice()
+    store.observe("aws", [live], T0)
+    (tell,) = [a for a in store.due(T0) if isinstance(a, NotifyPod)]
+    assert store.heard(tell.pod.uid, tell.notice) is True
+    for action in store.due(T0):
+        store.record(action, ok=False, now=T0)  # every write failed
+    assert store.pod_notice(PodUid("uid-w0")) == live
+    assert store.heard(tell.pod.uid, tell.notice) is False
+    assert store.acknowledge(PodKey("ns/w0"), PodUid("uid-w0"), 4) is AckOutcome.ACCEPTED
+    # Once the API server answers: annotated, then evicted for the ack.
+    assert run(store, at(1)) == [SyncNode(store.node_wide()), NotifyPod(pod("w0"), live)]
+    assert run(store, at(1)) == [EvictPod(pod("w0"), live, "acknowledged")]
+
+
+def test_a_uid_listed_under_another_name_than_the_pod_file_gave_keeps_nothing() -> None:
+    store = Store()
+    store.set_pods([Pod(key=PodKey("ns/forged"), uid=PodUid("uid-w0"))])
+    store.observe("aws", [notice()], T0)
+    for action in store.due(T0):
+        if isinstance(action, NotifyPod):
+            store.heard(action.pod.uid, action.notice)
+    assert store.acknowledge(PodKey("ns/forged"), PodUid("uid-w0"), 1) is AckOutcome.ACCEPTED
+    store.set_pods([pod("w0")])  # the API server's list
+    assert store.pod_notice(PodUid("uid-w0")) is None
+    assert not any(isinstance(a, EvictPod) for a in settle(store, at(1)))
+
+
+def test_a_restart_that_knew_the_pod_from_its_file_finds_the_annotation_in_the_list() -> None:
+    """The pod file was written before the pod was annotated: the API server's list, which
+    shows the annotation, says the pod was told, so it is not annotated (nor told) again."""
+    live = notice()
+    store = Store()
+    store.set_pods([pod("w0")])  # from the file: no leave-by yet
+    store.restore([Tracked(notice=live, first_seen=T0)])
+    store.observe("aws", [live], T0)
+    listed = Pod(key=PodKey("ns/w0"), uid=PodUid("uid-w0"), leave_by=live.deadline)
+    store.set_pods([listed])
+    assert not any(isinstance(a, NotifyPod) for a in store.due(at(1)))
+    assert store.pod_notice(PodUid("uid-w0")) == live
+
+
+# --- the scheduler's reclaim -------------------------------------------------------------------
+
+
+def reclaimed(name: str, *, lead: float = 120, gang: str | None = "ml/big") -> Pod:
+    """A worker pod as the scheduler leaves it when it reclaims it for ``gang``."""
+    return Pod(
+        key=PodKey(f"ns/{name}"),
+        uid=PodUid(f"uid-{name}"),
+        leave_by=at(lead),
+        reclaimed_for=gang,
+    )
+
+
+def test_a_reclaim_is_a_notice_for_that_pod_only_due_at_its_leave_by() -> None:
+    found = reclaim_notice(reclaimed("w0", lead=90))
+    assert found is not None
+    assert (found.source, found.kind, found.channel) == (
+        "scheduler",
+        Kind.RECLAIM,
+        "scheduler/reclaim",
+    )
+    assert found.deadline == at(90)
+    assert found.scope == frozenset({PodKey("ns/w0")})
+    assert "ml/big" in found.reason
+    # The agent's own leave-by (no reclaimed-for) and a daemon are not reclaims.
+    assert reclaim_notice(reclaimed("w1", gang=None)) is None
+    assert (
+        reclaim_notice(
+            Pod(PodKey("ns/d"), PodUid("d"), daemon=True, leave_by=at(1), reclaimed_for="g")
+        )
+        is None
+    )
+    # A new leave-by time is a new notice.
+    later = reclaim_notice(reclaimed("w0", lead=200))
+    assert later is not None
+    assert later.event_id != found.event_id
+
+
+def reclaim_store(*pods: Pod) -> Store:
+    store = Store()
+    store.set_pods(pods)
+    store.observe("scheduler/reclaim", [n for p in pods if (n := reclaim_notice(p))], T0)
+    return store
+
+
+def test_a_reclaimed_worker_is_told_though_it_carries_the_leave_by_and_nothing_else_is() -> None:
+    store = reclaim_store(reclaimed("w0"), pod("w1"))
+    done = run(store, T0)
+    # Told (the scheduler's annotation did not tell its watches); the node is left alone.
+    assert [(type(a), getattr(a, "pod", None)) for a in done if not isinstance(a, SyncNode)] == [
+        (NotifyPod, reclaimed("w0"))
+    ]
+    assert not any(isinstance(a, SyncNode) and a.notices for a in done)
+    assert store.governing() is None
+
+
+def test_a_reclaimed_worker_is_evicted_by_the_agent_only_once_it_acknowledged() -> None:
+    store = reclaim_store(reclaimed("w0", lead=60), reclaimed("w1", lead=60))
+    run(store, T0)
+    # At the margins and past the deadline the scheduler evicts them, not the agent.
+    for seconds in (46, 56, 61, 90):
+        assert run(store, at(seconds)) == []
+    assert store.acknowledge(PodKey("ns/w1"), PodUid("uid-w1"), 7) is AckOutcome.ACCEPTED
+    evicted = run(store, at(91))
+    assert [(type(a), getattr(a, "pod", None), getattr(a, "why", None)) for a in evicted] == [
+        (EvictPod, reclaimed("w1", lead=60), "acknowledged")
+    ]
+
+
+def test_a_withdrawn_reclaim_is_withdrawn_from_the_pod_and_its_ack_forgotten() -> None:
+    store = reclaim_store(reclaimed("w0"))
+    run(store, T0)
+    store.set_pods([pod("w0")])  # the scheduler took its annotations back
+    store.observe("scheduler/reclaim", [], at(1))
+    assert [type(a) for a in run(store, at(1))] == [WithdrawPod]
+    assert store.acknowledge(PodKey("ns/w0"), PodUid("uid-w0"), 7) is AckOutcome.NOT_UNDER_NOTICE
+
+
+def test_a_spot_notice_before_the_reclaim_governs_the_reclaimed_pod() -> None:
+    store = reclaim_store(reclaimed("w0", lead=300))
+    run(store, T0)
+    store.observe("aws", [notice(lead=60)], at(1))
+    told = [a for a in run(store, at(1)) if isinstance(a, NotifyPod)]
+    assert [a.notice.event_id for a in told] == [EventId("aws-1")]
+    # The spot deadline's margin evicts it as for any notice.
+    assert [type(a) for a in run(store, at(46)) if not isinstance(a, SyncNode)] == [EvictPod]

@@ -4,7 +4,6 @@ client."""
 from __future__ import annotations
 
 import base64
-import ssl
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ import yaml
 from nodeagent.k8s.transport import (
     ClientTransport,
     DirectTransport,
+    KubeconfigError,
     Unsupported,
     connect,
     from_kubeconfig,
@@ -73,8 +73,10 @@ def test_bad_certificate_data_is_refused(tmp_path: Path) -> None:
         "client-certificate-data": base64.b64encode(b"not a certificate").decode(),
         "client-key-data": base64.b64encode(b"not a key").decode(),
     }
-    with pytest.raises(ssl.SSLError):
+    # Named by file and field, never quoted.
+    with pytest.raises(KubeconfigError, match=r"users\['u'\]\.user\.client-certificate") as refused:
         from_kubeconfig(kubeconfig(tmp_path, user, server="https://127.0.0.1:1"))
+    assert "not a" not in str(refused.value)
 
 
 def test_in_cluster_needs_the_service_environment(

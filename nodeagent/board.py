@@ -1,0 +1,107 @@
+"""The notice board: what the workers see of the agent, over the notice socket.
+
+The gRPC service (:class:`nodeagent.notify.server.NoticeService`, owned by the board) asks it who
+a caller is, which notice the caller's pod is under, and hands it acknowledgements; the reconcile
+loop hands it what to tell. Per pod::
+
+    not told --tell--> told --withdraw (WITHDRAWN to its watches)--> not told
+
+A pod is told each notice once (the store remembers what it heard); a watch opened later gets
+the current notice first thing. The time a pod was first told is kept, and its acknowledgement
+is timed from it. An accepted acknowledgement wakes the reconcile loop: the pod's eviction is
+due at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import structlog
+
+from nodeagent.events import EventId, Notice, PodKey, PodUid
+from nodeagent.metrics import Metrics
+from nodeagent.notify.server import NoticeService, message
+from nodeagent.pods import PodList
+from nodeagent.store import AckOutcome, Store
+
+log = structlog.get_logger("nodeagent")
+
+#: Callers naming pods not in the list make the agent list its pods at most this often.
+RELIST_EVERY = 1.0
+
+
+class NoticeBoard:
+    """Satisfies :class:`nodeagent.notify.server.Board`."""
+
+    def __init__(
+        self,
+        store: Store,
+        pods: PodList,
+        metrics: Metrics,
+        *,
+        detected_at: Callable[[EventId], float | None],
+        wake: Callable[[], None],
+        identify_timeout: float = 5.0,
+    ) -> None:
+        self._store = store
+        self._pods = pods
+        self._metrics = metrics
+        self._detected_at = detected_at
+        self._wake = wake
+        self._identify_timeout = identify_timeout
+        #: When each pod under notice was first told (monotonic).
+        self._told: dict[PodUid, float] = {}
+        self.service = NoticeService(self)
+
+    # --- what the gRPC service asks ------------------------------------------------------------
+
+    async def identify(self, key: PodKey, uid: PodUid) -> bool:
+        pod = self._store.pod(uid)
+        # A pod that started a moment ago may not be in the list yet; callers naming unknown
+        # pods cannot make the agent list pods more than once a second, nor wait long for it.
+        if pod is None and time.monotonic() - self._pods.tried_at > RELIST_EVERY:
+            try:
+                await asyncio.wait_for(self._pods.refresh(), self._identify_timeout)
+            except Exception as exc:
+                log.info("pods_unlisted_for_caller", pod=key, error=str(exc) or type(exc).__name__)
+            pod = self._store.pod(uid)
+        return pod is not None and pod.key == key
+
+    def notice_for(self, uid: PodUid) -> Notice | None:
+        return self._store.pod_notice(uid)
+
+    def watching(self, uid: PodUid) -> None:
+        self._store.mark_worker(uid)
+        self._metrics.watchers.set(self.service.watchers() + 1)
+
+    async def acknowledge(self, key: PodKey, uid: PodUid, step: int) -> AckOutcome:
+        outcome = self._store.acknowledge(key, uid, step)
+        if outcome is AckOutcome.ACCEPTED:
+            told = self._told.get(uid)
+            if told is not None:
+                self._metrics.ack.observe(time.monotonic() - told)
+            self._wake()
+        return outcome
+
+    # --- what the reconcile loop says ----------------------------------------------------------
+
+    def tell(self, uid: PodUid, notice: Notice) -> None:
+        """Tell the pod's watches ``notice``, unless they heard exactly this already."""
+        if not self._store.heard(uid, notice):
+            return  # a watch opened later gets it first thing
+        reached = self.service.publish(uid, message(notice))
+        now = time.monotonic()
+        self._told.setdefault(uid, now)
+        detected = self._detected_at(notice.event_id)
+        if reached and detected is not None:
+            self._metrics.notify.observe(now - detected)
+
+    def withdraw(self, uid: PodUid) -> None:
+        """Tell the pod's watches that its notice was withdrawn."""
+        self.service.publish(uid, message(None, withdrawn=True))
+        self._told.pop(uid, None)
+
+    def watchers(self) -> int:
+        return self.service.watchers()

@@ -1,0 +1,167 @@
+"""Carrying out the store's actions through the :class:`~nodeagent.calls.ClusterPort`.
+
+Each action writes to a target (the node, a pod, a cloud event), one write at a time per target,
+each in the background on the API threads (:class:`~nodeagent.calls.ApiCalls`): the reconcile
+loop starts what is due and never waits for it. Per target::
+
+    idle --start--> in flight --done--> idle
+                        |
+                        +--failed--> held back for retry_after --> idle
+
+Each result goes to the store (:meth:`nodeagent.store.Store.record`; a failed action stays due),
+is counted, and wakes the reconcile loop for what follows (an eviction once a pod is told, say).
+A withdrawal is told to the pod's watches before its annotation is cleared; the cloud is not
+acknowledged on a dry run. A pod the scheduler reclaims (``shoal.dev/reclaimed-for``) keeps the
+scheduler's ``shoal.dev/leave-by``: the agent tells its watches but never writes or clears that
+annotation, so the scheduler's eviction time stays as the scheduler wrote it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime
+
+import structlog
+
+from nodeagent.board import NoticeBoard
+from nodeagent.calls import ApiCalls, ClusterPort
+from nodeagent.events import (
+    AckUpstream,
+    Action,
+    DeletePod,
+    EvictPod,
+    Notice,
+    NotifyPod,
+    SyncNode,
+    WithdrawPod,
+)
+from nodeagent.metrics import Metrics
+from nodeagent.providers import Provider
+from nodeagent.store import Store
+
+log = structlog.get_logger("nodeagent")
+
+
+def target(action: Action) -> str:
+    """What an action writes to: one write at a time per node, pod or cloud event."""
+    match action:
+        case SyncNode():
+            return "node"
+        case AckUpstream(notice=notice):
+            return f"upstream/{notice.event_id}"
+        case NotifyPod(pod=pod) | WithdrawPod(pod=pod) | EvictPod(pod=pod) | DeletePod(pod=pod):
+            return f"pod/{pod.uid}"
+
+
+class Executor:
+    """Starts the actions the reconcile loop hands it; holds the writes under way."""
+
+    def __init__(
+        self,
+        store: Store,
+        cluster: ClusterPort,
+        calls: ApiCalls,
+        *,
+        board: NoticeBoard,
+        providers: Sequence[Provider],
+        metrics: Metrics,
+        clock: Callable[[], datetime],
+        wake: Callable[[], None],
+        retry_after: float = 1.0,
+        delete_grace_seconds: int = 3,
+    ) -> None:
+        self._store = store
+        self._cluster = cluster
+        self._calls = calls
+        self._board = board
+        self._providers = tuple(providers)
+        self._metrics = metrics
+        self._clock = clock
+        self._wake = wake
+        self._retry_after = retry_after
+        self._delete_grace = delete_grace_seconds
+        #: Writes under way, one per target.
+        self._inflight: dict[str, asyncio.Task[None]] = {}
+        #: A target whose write failed is not tried again before this (monotonic) time.
+        self._retry_at: dict[str, float] = {}
+
+    def start(self, actions: Sequence[Action], now: float) -> None:
+        """Start each action whose target is idle at ``now`` (monotonic)."""
+        for action in actions:
+            key = target(action)
+            if key in self._inflight or self._retry_at.get(key, 0.0) > now:
+                continue
+            self._retry_at.pop(key, None)
+            self._inflight[key] = asyncio.create_task(
+                self._carry_out(key, action), name=f"nodeagent-{key}"
+            )
+
+    @property
+    def pending(self) -> int:
+        """Writes under way or waiting to be retried."""
+        return len(self._inflight) + len(self._retry_at)
+
+    def next_retry(self) -> float | None:
+        """When (monotonic) the first held-back target may be tried again."""
+        return min(self._retry_at.values()) if self._retry_at else None
+
+    async def stop(self) -> None:
+        """Cancel the writes under way."""
+        running = list(self._inflight.values())
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+
+    async def _carry_out(self, key: str, action: Action) -> None:
+        try:
+            ok = await self._execute(action)
+            self._store.record(action, ok=ok, now=self._clock())
+            self._metrics.actions.labels(type(action).__name__, "ok" if ok else "failed").inc()
+            if not ok:
+                self._retry_at[key] = time.monotonic() + self._retry_after
+        finally:
+            self._inflight.pop(key, None)
+            self._wake()
+
+    async def _execute(self, action: Action) -> bool:
+        try:
+            return await self._write(action)
+        except Exception as exc:
+            error = str(exc) or type(exc).__name__  # a timeout has no message
+            log.warning("action_failed", action=type(action).__name__, error=error)
+            return False
+
+    async def _write(self, action: Action) -> bool:
+        """Carry out one action; False when the API server refused it (tried again later)."""
+        write, cluster = self._calls.write, self._cluster
+        match action:
+            case SyncNode(notices=notices):
+                await write(cluster.sync_node, notices)
+                return True
+            case NotifyPod(pod=pod, notice=notice):
+                # False means the pod is gone: nothing left to tell.
+                if pod.reclaimed_for is None:
+                    await write(cluster.annotate_pod, pod, notice)
+                return True
+            case WithdrawPod(pod=pod):
+                self._board.withdraw(pod.uid)
+                if pod.reclaimed_for is None:
+                    await write(cluster.clear_pod, pod)
+                return True
+            case EvictPod(pod=pod, why=why):
+                return await write(cluster.evict, pod, why)
+            case DeletePod(pod=pod):
+                return await write(cluster.delete, pod, self._delete_grace)
+            case AckUpstream(notice=notice):
+                return await self._acknowledge_upstream(notice)
+
+    async def _acknowledge_upstream(self, notice: Notice) -> bool:
+        if self._cluster.dry_run:
+            log.info("upstream_ack_skipped", event_id=notice.event_id, dry_run=True)
+            return True
+        for provider in self._providers:
+            if provider.name == notice.source:
+                await provider.acknowledge(notice)
+        return True

@@ -1,0 +1,179 @@
+"""The pods room follows the node's pods through a feed: list, then watch from the list's
+version; a watch that ends or breaks resumes from its newest version, a ``410 Gone`` lists again;
+each change reaches the store at once, and the scheduler's reclaims on the pods reach the intake.
+The feed here is a scripted stand-in for the port (:class:`nodeagent.calls.PodFeed`)."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
+
+from nodeagent.calls import ApiCalls, PodChange, WatchExpired
+from nodeagent.events import Notice, Pod, PodKey, PodUid, Tracked
+from nodeagent.pods import PodList
+from nodeagent.store import Store
+
+LEAVE_BY = datetime(2026, 11, 30, 10, 2, tzinfo=UTC)
+W0 = Pod(PodKey("ns/w0"), PodUid("u0"))
+W1 = Pod(PodKey("ns/w1"), PodUid("u1"))
+W1_RECLAIMED = Pod(PodKey("ns/w1"), PodUid("u1"), leave_by=LEAVE_BY, reclaimed_for="ml/big")
+
+#: What a scripted watch does next: hand a change, end (the server's timeout), or raise.
+Step = PodChange | str | Exception
+
+
+class ScriptedFeed:
+    """Lists answer ``listed``; each watch plays steps from ``steps`` until one ends it."""
+
+    def __init__(self, listed: list[Pod], version: str = "10") -> None:
+        self.listed = listed
+        self.version = version
+        self.lists = 0
+        self.watched_from: list[str] = []
+        self.steps: queue.Queue[Step] = queue.Queue()
+        self._stopped = threading.Event()
+
+    # ClusterPort, for the restore.
+    last_ok = 0.0
+    dry_run = False
+
+    def read_revocation(self) -> list[Tracked]:
+        return []
+
+    def list_pods(self) -> list[Pod]:
+        return self.list_pods_at()[0]
+
+    def list_pods_at(self) -> tuple[list[Pod], str]:
+        self.lists += 1
+        return list(self.listed), self.version
+
+    def watch_pods(self, version: str, timeout: int) -> Iterator[PodChange]:
+        self.watched_from.append(version)
+        while not self._stopped.is_set():
+            try:
+                step = self.steps.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if isinstance(step, Exception):
+                raise step
+            if isinstance(step, str):
+                return
+            yield step
+
+    def stop_watch(self) -> None:
+        self._stopped.set()
+
+
+class Reclaims:
+    def __init__(self) -> None:
+        self.seen: list[list[Notice]] = []
+
+    def __call__(self, notices: Sequence[Notice]) -> None:
+        self.seen.append(list(notices))
+
+
+async def following(
+    feed: ScriptedFeed, store: Store, reclaims: Reclaims
+) -> tuple[PodList, asyncio.Task[None]]:
+    pods = PodList(
+        store,
+        feed,  # type: ignore[arg-type]  # only the reads a restore makes are used
+        ApiCalls(timeout=5, concurrency=1),
+        clock=lambda: LEAVE_BY,
+        wake=lambda: None,
+        feed=feed,
+        retry_after=0.05,
+        max_backoff=0.1,
+        reclaims=reclaims,
+    )
+    task = asyncio.create_task(pods.run())
+    await until(lambda: pods.watching)
+    return pods, task
+
+
+async def until(probe: Callable[[], object]) -> None:
+    for _ in range(1000):
+        if probe():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("not reached within 10 s")
+
+
+async def stop(pods: PodList, task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await pods.stop()
+
+
+async def test_changes_reach_the_store_and_a_reclaim_the_intake_as_they_come() -> None:
+    feed, store, reclaims = ScriptedFeed([W0]), Store(), Reclaims()
+    pods, task = await following(feed, store, reclaims)
+    try:
+        assert feed.watched_from == ["10"]
+        feed.steps.put(PodChange(W1, gone=False, version="11"))
+        await until(lambda: store.pod(W1.uid) is not None)
+        feed.steps.put(PodChange(W1_RECLAIMED, gone=False, version="12"))
+        await until(lambda: bool(reclaims.seen[-1]))
+        [reclaim] = reclaims.seen[-1]
+        assert (reclaim.source, reclaim.deadline, reclaim.scope) == (
+            "scheduler",
+            LEAVE_BY,
+            frozenset({W1.key}),
+        )
+        # The scheduler withdraws it: the reclaim is gone from the next complete set.
+        feed.steps.put(PodChange(W1, gone=False, version="13"))
+        await until(lambda: reclaims.seen[-1] == [])
+        feed.steps.put(PodChange(W0, gone=True, version="14"))
+        await until(lambda: store.pod(W0.uid) is None)
+        assert feed.lists == 1  # one list, then only the watch
+    finally:
+        await stop(pods, task)
+
+
+async def test_an_ended_or_broken_watch_resumes_from_its_newest_version() -> None:
+    feed, store, reclaims = ScriptedFeed([W0]), Store(), Reclaims()
+    pods, task = await following(feed, store, reclaims)
+    try:
+        feed.steps.put(PodChange(None, gone=False, version="20"))  # a bookmark
+        feed.steps.put("end")
+        await until(lambda: len(feed.watched_from) == 2)
+        feed.steps.put(PodChange(W1, gone=False, version="21"))
+        feed.steps.put(ConnectionResetError("the watch broke"))
+        await until(lambda: len(feed.watched_from) == 3)
+        assert feed.watched_from == ["10", "20", "21"]
+        assert feed.lists == 1
+        assert store.pod(W1.uid) is not None
+    finally:
+        await stop(pods, task)
+
+
+async def test_a_watch_too_old_lists_again_and_the_list_replaces_what_was_known() -> None:
+    feed, store, reclaims = ScriptedFeed([W0, W1]), Store(), Reclaims()
+    pods, task = await following(feed, store, reclaims)
+    try:
+        feed.listed, feed.version = [W1_RECLAIMED], "50"  # w0 left while nobody watched
+        feed.steps.put(WatchExpired("too old resource version"))
+        await until(lambda: feed.watched_from[-1:] == ["50"])
+        assert feed.lists == 2
+        assert store.pod(W0.uid) is None
+        assert [n.scope for n in reclaims.seen[-1]] == [frozenset({W1.key})]
+    finally:
+        await stop(pods, task)
+
+
+async def test_a_list_for_a_caller_while_watching_only_adds_pods_not_known() -> None:
+    feed, store, reclaims = ScriptedFeed([W0]), Store(), Reclaims()
+    pods, task = await following(feed, store, reclaims)
+    try:
+        feed.steps.put(PodChange(W0, gone=True, version="11"))
+        await until(lambda: store.pod(W0.uid) is None)
+        # An older list (it still shows w0) must not bring w0 back; a new pod is taken.
+        feed.listed = [W0, W1]
+        await pods.refresh()
+        assert store.pod(W0.uid) is None
+        assert store.pod(W1.uid) is not None
+    finally:
+        await stop(pods, task)
