@@ -106,7 +106,7 @@ class Watcher:
                     w.stop()
 
 
-def run_one(
+def run_one(  # noqa: C901, PLR0915 - one benchmark run as one script: start, load, measure, clean up
     kind: str,
     *,
     handle: cluster.Cluster,

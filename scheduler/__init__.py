@@ -10,7 +10,7 @@ minimum is every member pod that exists at the time, which moves while a control
 creating them). ``shoal.dev/topology-required: <node label>`` keeps a gang inside one value of
 that label; ``shoal.dev/topology-preferred`` tries that label first.
 
-Layout (pure core, thin adapters; see DESIGN.md):
+Layout (pure core, thin adapters; see docs/architecture.md):
 
 - ``model`` values; ``gang`` gangs from pods and PodGroups; ``placement`` filters, scores and
   the gang search; ``topology`` NVLink island accounting; ``cache`` the cluster view with

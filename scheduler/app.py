@@ -8,54 +8,118 @@ in order (informers, loop, in-flight bindings).
 from __future__ import annotations
 
 import asyncio
-import logging
+import functools
 import signal
 import sys
 import threading
+from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
+from common import logs
 from scheduler import health
 from scheduler.cache import Cache
 from scheduler.cycle import Config
-from scheduler.k8s.client import TokenBucket, api_client
+from scheduler.k8s.client import KubeconfigError, TokenBucket, api_client
 from scheduler.k8s.lease import LeaderElector
 from scheduler.k8s.status import ApiBinder, ApiReporter
 from scheduler.k8s.view import ClusterView
 from scheduler.metrics import Metrics
 from scheduler.runner import Runner, Settings
 from scheduler.settings import CliSettings
+from scheduler.webhook import serving
 
 log = structlog.get_logger("scheduler")
 
 
-def configure_logging(fmt: str) -> None:
-    console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
-    renderer: structlog.typing.Processor = (
-        structlog.dev.ConsoleRenderer() if console else structlog.processors.JSONRenderer()
-    )
-    structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        cache_logger_on_first_use=True,
-    )
-
-
 def run(settings: CliSettings) -> int:
-    configure_logging(settings.log_format)
+    """Wire the scheduler, start it, serve HTTP until signalled, then stop it in order.
+
+    Exit status 2 when the kubeconfig cannot be loaded, 0 after an orderly stop.
+    """
+    logs.configure(str(settings.log_format))
     workers = max(1, int(settings.bind_workers))
     try:
         api = api_client(settings.kubeconfig, pool_size=workers + 16)
-    except Exception as exc:
-        where = settings.kubeconfig or "in-cluster config"
-        print(f"python -m scheduler: cannot load {where}: {exc}", file=sys.stderr)
+    except KubeconfigError as exc:
+        # Names the file and where in it, never a value (kubeconfigs hold tokens and keys).
+        print(f"python -m scheduler: cannot load {exc}", file=sys.stderr)
         return 2
+    program = _wire(settings, api, workers)
+    program.start()
+    log.info(
+        "started",
+        scheduler=program.name,
+        qps=settings.qps,
+        burst=settings.burst,
+        bind_workers=workers,
+        leader_elect=bool(settings.leader_elect),
+    )
+    try:
+        asyncio.run(_serve(settings, program))
+    finally:
+        program.shutdown()
+        log.info("stopped", scheduler=program.name)
+    return 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Program:
+    """The wired parts of a scheduler process: what starts, what the probes ask, what stops."""
+
+    name: str
+    #: The kubernetes ApiClient (typed loosely: only ``scheduler.k8s`` imports kubernetes).
+    api: Any
+    metrics: Metrics
+    reporter: ApiReporter
+    runner: Runner
+    view: ClusterView
+    elector: LeaderElector | None
+    stop: threading.Event
+    loop: threading.Thread
+    stall_timeout: float
+
+    def start(self) -> None:
+        """Informers first, then the lease, then the scheduling loop that waits for both."""
+        self.view.start()
+        if self.elector is not None:
+            self.elector.start()
+        self.loop.start()
+
+    def shutdown(self) -> None:
+        """Stop watching, let the loop finish its cycle and in-flight bindings, then close."""
+        self.stop.set()
+        self.runner.wake()
+        self.view.stop()
+        if self.elector is not None:
+            self.elector.stop()
+        self.loop.join(timeout=10)
+        self.runner.close()
+        self.reporter.close()
+        self.api.close()
+
+    def healthy(self) -> tuple[bool, str]:
+        """Live while the loop thread runs and a cycle completed within the stall timeout."""
+        if not self.loop.is_alive():
+            return False, "scheduling loop is not running"
+        stalled = self.runner.stalled(self.stall_timeout)
+        if stalled is not None:
+            return False, stalled
+        return True, "ok"
+
+    def ready(self) -> tuple[bool, str]:
+        """Ready once every informer has listed; says whether this replica leads."""
+        missing = [i.kind for i in self.view.informers if not i.synced.is_set()]
+        if missing:
+            return False, f"caches not synced: {', '.join(missing)}"
+        if self.elector is not None:
+            return True, "leader" if self.elector.is_leader() else "standby"
+        return True, "ok"
+
+
+def _wire(settings: CliSettings, api: Any, workers: int) -> _Program:
+    """Build the cache, reporter, runner, informers, lease and loop thread, not yet started."""
     limiter = TokenBucket(float(settings.qps), int(settings.burst))
     cache = Cache()
     metrics = Metrics()
@@ -64,85 +128,67 @@ def run(settings: CliSettings) -> int:
     # telling users about a decision never slows down carrying it out.
     reporter = ApiReporter(api, TokenBucket(float(settings.qps), int(settings.burst)), name)
     metrics.status_backlog.set_function(lambda: reporter.backlog)
-    runner = Runner(
-        cache,
-        ApiBinder(api, limiter),
-        reporter,
-        Settings(
-            scheduler_name=name,
-            bind_workers=workers,
-            config=Config(
-                topology_keys=tuple(settings.topology_keys), reclaim=bool(settings.reclaim)
-            ),
-            max_backoff=float(settings.max_backoff),
-            reclaim_grace=float(settings.reclaim_grace),
-        ),
-        metrics,
-    )
+    binder = ApiBinder(api, limiter, cache.has_node)
+    runner = Runner(cache, binder, reporter, _runner_settings(settings, name, workers), metrics)
     view = ClusterView(api, cache, lambda freed: runner.wake(freed=freed))
-    elector: LeaderElector | None = None
-    if settings.leader_elect:
-        elector = LeaderElector(
-            api,
-            namespace=str(settings.lease_namespace),
-            name=str(settings.lease_name or name),
-            on_change=lambda _: runner.wake(freed=True),
-        )
-
-    def may_schedule() -> bool:
-        return view.synced() and (elector is None or elector.is_leader())
-
+    elector = _elector(settings, api, name, runner)
     stop = threading.Event()
+    may_schedule = functools.partial(_may_schedule, view, elector)
     loop = threading.Thread(target=runner.run, args=(stop, may_schedule), name="schedule")
-
-    def healthy() -> tuple[bool, str]:
-        if not loop.is_alive():
-            return False, "scheduling loop is not running"
-        return True, "ok"
-
-    def ready() -> tuple[bool, str]:
-        missing = [i.kind for i in view.informers if not i.synced.is_set()]
-        if missing:
-            return False, f"caches not synced: {', '.join(missing)}"
-        if elector is not None:
-            return True, "leader" if elector.is_leader() else "standby"
-        return True, "ok"
-
-    view.start()
-    if elector is not None:
-        elector.start()
-    loop.start()
-    log.info(
-        "started",
-        scheduler=name,
-        qps=settings.qps,
-        burst=settings.burst,
-        bind_workers=workers,
-        leader_elect=bool(settings.leader_elect),
+    return _Program(
+        name=name,
+        api=api,
+        metrics=metrics,
+        reporter=reporter,
+        runner=runner,
+        view=view,
+        elector=elector,
+        stop=stop,
+        loop=loop,
+        stall_timeout=float(settings.stall_timeout),
     )
-    try:
-        asyncio.run(_serve(settings, healthy, ready, metrics))
-    finally:
-        stop.set()
-        runner.wake()
-        view.stop()
-        if elector is not None:
-            elector.stop()
-        loop.join(timeout=10)
-        runner.close()
-        reporter.close()
-        api.close()
-        log.info("stopped", scheduler=name)
-    return 0
 
 
-async def _serve(
-    settings: CliSettings, healthy: health.Probe, ready: health.Probe, metrics: Metrics
-) -> None:
+def _runner_settings(settings: CliSettings, name: str, workers: int) -> Settings:
+    """The loop's settings, taken from the command line."""
+    return Settings(
+        scheduler_name=name,
+        bind_workers=workers,
+        config=Config(topology_keys=tuple(settings.topology_keys), reclaim=bool(settings.reclaim)),
+        max_backoff=float(settings.max_backoff),
+        reclaim_grace=float(settings.reclaim_grace),
+        torn_grace=float(settings.torn_grace),
+    )
+
+
+def _elector(settings: CliSettings, api: Any, name: str, runner: Runner) -> LeaderElector | None:
+    """A lease elector when leader election is on (a change of leader wakes the loop)."""
+    if not settings.leader_elect:
+        return None
+    return LeaderElector(
+        api,
+        namespace=str(settings.lease_namespace),
+        name=str(settings.lease_name or name),
+        on_change=lambda _: runner.wake(freed=True),
+    )
+
+
+def _may_schedule(view: ClusterView, elector: LeaderElector | None) -> bool:
+    """Decide only on caches that have listed, and only while leading (or alone)."""
+    return view.synced() and (elector is None or elector.is_leader())
+
+
+async def _serve(settings: CliSettings, program: _Program) -> None:
+    healthy = program.healthy
     http, port = await health.serve(
-        str(settings.http_host), int(settings.http_port), healthy, ready, metrics.registry
+        str(settings.http_host),
+        int(settings.http_port),
+        healthy,
+        program.ready,
+        program.metrics.registry,
     )
     log.info("http_serving", host=settings.http_host, port=port)
+    webhook = await _start_webhook(settings, program.api)
     done = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -155,5 +201,21 @@ async def _serve(
                 ok, text = healthy()
                 if not ok:
                     log.error("unhealthy", reason=text)
+                if webhook is not None:
+                    await webhook.tend()
     finally:
+        if webhook is not None:
+            await webhook.close()
         await http.cleanup()
+
+
+async def _start_webhook(settings: CliSettings, api: Any) -> serving.Webhook | None:
+    """The admission webhook when asked for; one that cannot start is logged and left out
+    (its configuration's failurePolicy Ignore admits pods unwired), never the scheduler."""
+    if not settings.webhook:
+        return None
+    try:
+        return await serving.start(settings, api)
+    except (OSError, ValueError) as exc:
+        log.error("webhook_not_started", error=str(exc), port=settings.webhook_port)
+        return None

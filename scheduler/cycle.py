@@ -69,6 +69,9 @@ class Decision:
     nominated: tuple[Assignment, ...] = ()
     #: Why (the first) surplus member that did not fit did not fit.
     surplus_unschedulable: Unschedulable | None = None
+    #: Set when deciding for the gang raised (a fault, logged by the caller): the gang is
+    #: treated as unschedulable and backs off; no other gang is affected.
+    fault: str | None = None
 
     @property
     def progressed(self) -> bool:
@@ -84,6 +87,21 @@ def has_work(gang: Gang) -> bool:
 def torn(gang: Gang) -> bool:
     """Some members are bound, but fewer than the minimum: finishing it comes before anything."""
     return bool(gang.bound) and gang.min_missing > 0
+
+
+def waiting_for_members(gang: Gang) -> str:
+    """What a gang whose minimum lacks members waits for, counting what is true."""
+    bound, pending = len(gang.bound), len(gang.pending)
+    missing = gang.min_missing - pending
+    if bound:
+        return (
+            f"gang {gang.name}: {bound} of {gang.min_member} bound, {pending} pending; "
+            f"waiting for {missing} more member(s) to reach its minimum."
+        )
+    return (
+        f"gang {gang.name} has {pending} of the {gang.min_member} members its minimum needs; "
+        f"waiting for {missing} more before any is bound."
+    )
 
 
 def min_waiting(gang: Gang) -> bool:
@@ -127,13 +145,13 @@ def decide(
     bindings: list[Assignment] = []
     if need > 0:
         if len(pending) < need:
-            present = len(gang.bound) + len(pending)
             return Decision(
                 gang,
                 unschedulable=Unschedulable(
                     len(snapshot.nodes),
-                    summary=f"gang {gang.name} has {present} of the {gang.min_member} members "
-                    "its minimum needs; none is bound until all of them exist.",
+                    summary=waiting_for_members(gang),
+                    nodes_tried=False,
+                    waiting=True,
                 ),
             )
         result = place(_request(gang, pending[:need], config, surplus=False), snapshot.nodes)
@@ -207,6 +225,22 @@ def _min_fits(
     return False
 
 
+def _faulted(gang: Gang, nodes: int, exc: Exception) -> Decision:
+    """The decision for a gang whose decision raised: nothing is placed, the gang backs off
+    like one that did not fit, and its members are told (the cycle goes on with the others)."""
+    fault = f"{type(exc).__name__}: {exc}"[:300]
+    return Decision(
+        gang,
+        unschedulable=Unschedulable(
+            nodes,
+            summary=f"Shoal could not decide for gang {gang.name} ({fault}); "
+            "it is retried after a backoff, the other gangs go on.",
+            nodes_tried=False,
+        ),
+        fault=fault,
+    )
+
+
 def run_cycle(
     gangs: Sequence[Gang],
     queue: GangQueue,
@@ -257,9 +291,12 @@ def decide_in_turn(
         view = snapshot.with_reserved(
             r for key, held in reserved.items() if key != gang.key for r in held
         )
-        decision = decide(gang, working, view, config, decided)
-        if decision.unschedulable is not None and min_waiting(gang):
-            decision = _reclaim(decision, gangs, view, config, leaving.get(gang.key, 0))
+        try:
+            decision = decide(gang, working, view, config, decided)
+            if decision.unschedulable is not None and min_waiting(gang):
+                decision = _reclaim(decision, gangs, view, config, leaving.get(gang.key, 0))
+        except Exception as exc:  # one gang's fault must not stop the others
+            decision = _faulted(gang, len(snapshot.nodes), exc)
         if decision.unschedulable is None and decision.progressed:
             queue.succeeded(gang.key)
         else:

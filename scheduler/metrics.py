@@ -10,8 +10,31 @@ _SLOW = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 
 
 class Metrics:
+    """Every metric, registered in its instance's own registry: timings, then counts, then
+    levels (the order they are exposed in)."""
+
+    registry: CollectorRegistry
+    cycle_seconds: Histogram
+    decision_seconds: Histogram
+    gang_latency_seconds: Histogram
+    binds: Counter
+    reclaims: Counter
+    torn_released: Counter
+    pending_gangs: Gauge
+    invalid_gangs: Gauge
+    queue_entries: Gauge
+    binds_in_flight: Gauge
+    cached_pods: Gauge
+    status_backlog: Gauge
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._register_timings()
+        self._register_counts()
+        self._register_levels()
+
+    def _register_timings(self) -> None:
+        """How long cycles and decisions take, and how long gangs wait to be placed."""
         self.cycle_seconds = Histogram(
             "shoal_scheduler_cycle_duration_seconds",
             "Time of one scheduling cycle (snapshot, gangs, decision), by result.",
@@ -31,6 +54,9 @@ class Metrics:
             buckets=_SLOW,
             registry=self.registry,
         )
+
+    def _register_counts(self) -> None:
+        """What the scheduler did: bindings, pods reclaimed, torn gangs released."""
         self.binds = Counter(
             "shoal_scheduler_binds",
             "Pod bindings, by result.",
@@ -42,6 +68,14 @@ class Metrics:
             "Pods asked to leave to make room for a gang's minimum.",
             registry=self.registry,
         )
+        self.torn_released = Counter(
+            "shoal_scheduler_torn_gangs_released",
+            "Gangs left below their minimum past the grace whose bound members were evicted.",
+            registry=self.registry,
+        )
+
+    def _register_levels(self) -> None:
+        """What is waiting now: gangs, queue entries, bindings and status writes in flight."""
         self.pending_gangs = Gauge(
             "shoal_scheduler_pending_gangs",
             "Gangs with pending members.",

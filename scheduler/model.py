@@ -16,8 +16,9 @@ from contracts.gputopology import GpuTopology
 
 #: ``namespace/name`` of a pod.
 PodKey = NewType("PodKey", str)
-#: ``namespace/name`` of a gang (the PodGroup's or the ``shoal.dev/gang`` label's name), or
-#: ``namespace/pod:<name>`` for a pod that is a gang of one.
+#: ``namespace/name`` of a gang (the PodGroup's or the ``shoal.dev/gang`` label's name),
+#: ``namespace/volcano/<name>`` or ``namespace/k8s/<name>`` for a Volcano or Kubernetes
+#: PodGroup, or ``namespace/pod:<name>`` for a pod that is a gang of one.
 GangKey = NewType("GangKey", str)
 NodeName = NewType("NodeName", str)
 
@@ -104,23 +105,35 @@ class SelectorRequirement:
     values: tuple[str, ...] = ()
 
     def matches(self, labels: Mapping[str, str]) -> bool:
+        """Whether the labels satisfy this requirement; an unknown operator matches nothing."""
         value = labels.get(self.key)
-        op = self.operator
-        if op == "In":
-            return value is not None and value in self.values
-        if op == "NotIn":
-            return value is None or value not in self.values
-        if op == "Exists":
-            return value is not None
-        if op == "DoesNotExist":
-            return value is None
-        if op in ("Gt", "Lt") and value is not None and len(self.values) == 1:
-            try:
-                have, want = int(value), int(self.values[0])
-            except ValueError:
+        match self.operator:
+            case "In":
+                return value is not None and value in self.values
+            case "NotIn":
+                return value is None or value not in self.values
+            case "Exists":
+                return value is not None
+            case "DoesNotExist":
+                return value is None
+            case "Gt" | "Lt":
+                return _compares_as_integer(self.operator, value, self.values)
+            case _:
                 return False
-            return have > want if op == "Gt" else have < want
+
+
+def _compares_as_integer(operator: str, value: str | None, values: tuple[str, ...]) -> bool:
+    """``Gt``/``Lt``: one value given, it and the label both integers, the label greater (less).
+
+    Anything else (no label, several values, a non-integer) does not match.
+    """
+    if value is None or len(values) != 1:
         return False
+    try:
+        have, want = int(value), int(values[0])
+    except ValueError:
+        return False
+    return have > want if operator == "Gt" else have < want
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +190,12 @@ class PodRequest:
     deleting: bool = False
     #: ``spec.schedulingGates`` is not empty: nobody may schedule the pod yet.
     gated: bool = False
+    #: ``metadata.resourceVersion`` as read: status writes made on the strength of this view
+    #: of the pod carry it as a precondition, so they never overwrite a newer state (a binding).
+    resource_version: str = ""
+    #: ``spec.schedulingGroup.podGroupName``: the Kubernetes (``scheduling.k8s.io``) PodGroup
+    #: the pod belongs to, "" when none.
+    scheduling_group: str = ""
 
     @property
     def finished(self) -> bool:
@@ -207,6 +226,13 @@ class Gang:
     topology_preferred: str | None = None
     #: Set when the gang comes from a PodGroup object (``namespace/name``); ``None`` for labels.
     pod_group: str | None = None
+    #: That PodGroup's uid: Events name it, so that ``kubectl describe podgroup`` shows them.
+    pod_group_uid: str = ""
+    #: What users should hear once about that PodGroup (a field of it Shoal does not act on).
+    pod_group_notice: str = ""
+    #: Pods of the gang that finished with success (not members any more): a gang with some is
+    #: finishing its work, not torn.
+    succeeded: int = 0
     #: Members bound (or assumed) to a node, and members waiting for one; derived.
     bound: tuple[PodRequest, ...] = field(init=False, compare=False)
     pending: tuple[PodRequest, ...] = field(init=False, compare=False)
@@ -257,8 +283,16 @@ class Unschedulable:
     nodes_total: int
     reasons: Mapping[str, int] = field(default_factory=dict)
     summary: str = ""
+    #: False when the nodes were never tried (the gang lacks members, or could not be read):
+    #: the message then is the summary alone, with no "0/N nodes are available".
+    nodes_tried: bool = True
+    #: True when the gang only lacks members (it waits for them to be created; nothing is
+    #: wrong yet): told with a Normal Event, not a FailedScheduling warning.
+    waiting: bool = False
 
     def message(self) -> str:
+        if not self.nodes_tried and self.summary:
+            return self.summary
         parts = ", ".join(f"{count} {reason}" for reason, count in _by_count(self.reasons))
         head = f"0/{self.nodes_total} nodes are available"
         text = f"{head}: {parts}." if parts else f"{head}."
@@ -279,13 +313,49 @@ class InvalidGang:
     message: str
     members: tuple[PodRequest, ...] = ()
     pod_group: str | None = None
+    pod_group_uid: str = ""
+    #: The ``reason`` of the members' condition and the Event.
+    reason: str = "InvalidGang"
+
+
+class GroupApi(StrEnum):
+    """The API groups whose PodGroup kinds define gangs."""
+
+    SCHEDULER_PLUGINS = "scheduling.x-k8s.io"
+    VOLCANO = "scheduling.volcano.sh"
+    KUBERNETES = "scheduling.k8s.io"
+
+
+#: The middle part of a group reference (``namespace/<tag>/name``) for each API but
+#: scheduler-plugins', whose references stay ``namespace/name``.
+_GROUP_TAGS = {GroupApi.VOLCANO: "volcano", GroupApi.KUBERNETES: "k8s"}
+_TAG_GROUPS = {tag: api for api, tag in _GROUP_TAGS.items()}
+
+
+def group_ref(api: GroupApi, namespace: str, name: str) -> str:
+    """How gangs, the cache and status writes name a PodGroup of ``api``: ``namespace/name``
+    for scheduler-plugins, ``namespace/volcano/name`` and ``namespace/k8s/name`` for the others
+    (object names hold no ``/``, so these never collide)."""
+    tag = _GROUP_TAGS.get(api)
+    return f"{namespace}/{name}" if tag is None else f"{namespace}/{tag}/{name}"
+
+
+def split_group_ref(ref: str) -> tuple[GroupApi, str, str]:
+    """``(api, namespace, name)`` of a :func:`group_ref`."""
+    parts = ref.split("/")
+    if len(parts) == 3 and parts[1] in _TAG_GROUPS:
+        return _TAG_GROUPS[parts[1]], parts[0], parts[2]
+    namespace, name = ref.split("/", 1)
+    return GroupApi.SCHEDULER_PLUGINS, namespace, name
 
 
 @dataclass(frozen=True, slots=True)
 class PodGroup:
-    """A ``scheduling.x-k8s.io/v1alpha1`` PodGroup as read from the API, not yet validated.
+    """A PodGroup as read from the API, not yet validated: scheduler-plugins'
+    ``scheduling.x-k8s.io/v1alpha1`` unless ``api`` says otherwise.
 
-    ``min_member`` keeps the raw value so that a wrong one can be reported, not lost.
+    ``min_member`` keeps the raw value so that a wrong one can be reported, not lost (Volcano's
+    ``spec.minMember``, Kubernetes' ``spec.schedulingPolicy.gang.minCount``).
     """
 
     namespace: str
@@ -294,6 +364,23 @@ class PodGroup:
     annotations: Mapping[str, str] = field(default_factory=dict)
     created: float = 0.0
     uid: str = ""
+    #: ``status.phase`` and ``status.scheduleStartTime`` as stored ("" and ``None`` when unset).
+    phase: str = ""
+    schedule_start: float | None = None
+    api: GroupApi = GroupApi.SCHEDULER_PLUGINS
+    #: The API version the object was read in (status writes use it).
+    version: str = ""
+    #: Volcano ``spec.minTaskMember``: the least member pods per task name (raw values).
+    min_task_member: Mapping[str, object] = field(default_factory=dict)
+    #: ``spec.priorityClassName``, and that class's value once known (``None``: not known).
+    priority_class: str = ""
+    priority: int | None = None
+    #: Volcano ``spec.queue`` ("" when none): Shoal has no queues and says so once.
+    queue: str = ""
+
+    @property
+    def ref(self) -> str:
+        return group_ref(self.api, self.namespace, self.name)
 
 
 @dataclass(frozen=True, slots=True)

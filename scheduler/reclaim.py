@@ -38,52 +38,98 @@ def plan(gang: Gang, gangs: Sequence[Gang], snapshot: Snapshot, request: Request
     wanted = list(request.pods)
     if not wanted:
         return None
-    # Only pods on nodes that could ever take a member (labels, taints, cordon) are useful.
-    useful = {
-        name
-        for name, state in snapshot.nodes.items()
-        if all(check(wanted[0], state) is None for check in filters.STATIC_FILTERS)
-    }
-    units = _units(gang, gangs, useful)
+    units = _units(gang, gangs, _useful_nodes(snapshot, wanted[0]))
     if not units:
         return None
-    by_node: dict[NodeName, list[PodRequest]] = {}
-    for pod in snapshot.pods.values():
-        if pod.node is not None and pod.holds_resources:
-            by_node.setdefault(pod.node, []).append(pod)
+    occupancy = _Occupancy.of(snapshot)
+    fit = _add_until_fit(request, units, occupancy)
+    if fit is None:
+        return None
+    gone, placement = _drop_unneeded(request, fit, occupancy)
+    return Plan(tuple(sorted(gone)), placement)
 
-    def nodes_without(gone: set[PodKey]) -> Mapping[NodeName, NodeState]:
-        nodes = dict(snapshot.nodes)
-        touched = {snapshot.pods[k].node for k in gone if k in snapshot.pods}
+
+def _useful_nodes(snapshot: Snapshot, member: PodRequest) -> set[NodeName]:
+    """Nodes that could ever take a member (labels, taints, cordon): only their pods help."""
+    return {
+        name
+        for name, state in snapshot.nodes.items()
+        if all(check(member, state) is None for check in filters.STATIC_FILTERS)
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class _Occupancy:
+    """The snapshot's nodes and the pods holding resources on each, to take victims off."""
+
+    snapshot: Snapshot
+    by_node: Mapping[NodeName, Sequence[PodRequest]]
+
+    @classmethod
+    def of(cls, snapshot: Snapshot) -> _Occupancy:
+        """Group the snapshot's bound pods that hold resources by node."""
+        by_node: dict[NodeName, list[PodRequest]] = {}
+        for pod in snapshot.pods.values():
+            if pod.node is not None and pod.holds_resources:
+                by_node.setdefault(pod.node, []).append(pod)
+        return cls(snapshot, by_node)
+
+    def nodes_without(self, gone: set[PodKey]) -> Mapping[NodeName, NodeState]:
+        """Every node as it would be once the ``gone`` pods have left."""
+        nodes = dict(self.snapshot.nodes)
+        touched = {self.snapshot.pods[k].node for k in gone if k in self.snapshot.pods}
         for name in touched:
             if name is not None and name in nodes:
-                staying = [p for p in by_node.get(name, []) if p.key not in gone]
+                staying = [p for p in self.by_node.get(name, []) if p.key not in gone]
                 nodes[name] = node_state(nodes[name].node, staying)
         return nodes
 
+
+@dataclass(frozen=True, slots=True)
+class _Fit:
+    """Units taken so far (in the order added), the pods in them, and where the gang goes."""
+
+    chosen: list[tuple[PodKey, ...]]
+    gone: set[PodKey]
+    placement: Placement
+
+
+def _add_until_fit(
+    request: Request, units: Sequence[tuple[PodKey, ...]], occupancy: _Occupancy
+) -> _Fit | None:
+    """Take units in order until the minimum fits without them; ``None`` if it never does.
+
+    A unit whose pods are all taken already (a surplus member of a gang taken whole) is skipped.
+    """
     chosen: list[tuple[PodKey, ...]] = []
     gone: set[PodKey] = set()
-    found: Placement | None = None
     for unit in units:
         if all(k in gone for k in unit):
             continue
         chosen.append(unit)
         gone.update(unit)
-        result = place(request, nodes_without(gone))
+        result = place(request, occupancy.nodes_without(gone))
         if isinstance(result, Placement):
-            found = result
-            break
-    if found is None:
-        return None
-    # Drop every unit the fit does not need, last added first. A pod in two units (a surplus
-    # member whose whole gang was taken too) stays while any unit holding it stays.
+            return _Fit(chosen, gone, result)
+    return None
+
+
+def _drop_unneeded(
+    request: Request, fit: _Fit, occupancy: _Occupancy
+) -> tuple[set[PodKey], Placement]:
+    """Drop every unit the fit does not need, last added first (the last one is needed).
+
+    A pod in two units (a surplus member whose whole gang was taken too) stays while any unit
+    holding it stays.
+    """
+    chosen, gone, found = fit.chosen, fit.gone, fit.placement
     for unit in reversed(chosen[:-1]):
         rest = [u for u in chosen if u is not unit]
         trial = {key for u in rest for key in u}
-        result = place(request, nodes_without(trial))
+        result = place(request, occupancy.nodes_without(trial))
         if not isinstance(result, Unschedulable):
             chosen, gone, found = rest, trial, result
-    return Plan(tuple(sorted(gone)), found)
+    return gone, found
 
 
 def _units(gang: Gang, gangs: Sequence[Gang], useful: set[NodeName]) -> list[tuple[PodKey, ...]]:

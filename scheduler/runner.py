@@ -14,32 +14,40 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Protocol
 
 import structlog
 
-from contracts import names
 from scheduler.cache import Cache
+from scheduler.cache.cache import Snapshot
 from scheduler.cycle import Config, Decision, decide_in_turn, has_work
 from scheduler.gang import GangBuilder
+from scheduler.gang.group_status import GroupStatus, GroupStatuses
 from scheduler.metrics import Metrics
 from scheduler.model import (
     Assignment,
     Gang,
     GangKey,
+    GroupApi,
     InvalidGang,
     NodeName,
+    PodGroup,
     PodKey,
     PodRequest,
-    Resources,
+    split_group_ref,
 )
 from scheduler.queue import GangQueue
+from scheduler.reclaim_ledger import ReclaimLedger, Room
+from scheduler.torn import TornLedger
 
 log = structlog.get_logger("scheduler")
+
+#: scheduler-plugins' PodGroups get their status from :class:`GroupStatuses`; the other kinds
+#: from the gang (``Reporter.gang_status``).
+SP = GroupApi.SCHEDULER_PLUGINS
 
 
 class Binder(Protocol):
@@ -59,8 +67,11 @@ class Reporter(Protocol):
     """Where users look: pod conditions, Events, PodGroup status. Implementations must not
     block the caller for long and must tolerate repeated calls with the same content."""
 
-    def unschedulable(self, gang: Gang, pods: Sequence[PodRequest], message: str) -> None:
-        """``pods`` of ``gang`` could not be placed, for the reason ``message``."""
+    def unschedulable(
+        self, gang: Gang, pods: Sequence[PodRequest], message: str, *, waiting: bool = False
+    ) -> None:
+        """``pods`` of ``gang`` could not be placed, for the reason ``message``; ``waiting``:
+        only because the gang lacks members (not a failure)."""
 
     def scheduled(self, gang: Gang, pod: PodRequest, node: NodeName) -> None: ...
 
@@ -73,7 +84,20 @@ class Reporter(Protocol):
 
     def invalid(self, gang: InvalidGang) -> None: ...
 
-    def gang_status(self, gang: Gang) -> None: ...
+    def group_status(self, group: PodGroup, status: GroupStatus) -> None:
+        """The scheduler-plugins PodGroup ``group`` should have ``status`` (called on every
+        cycle; send what changed)."""
+
+    def gang_status(self, gang: Gang) -> None:
+        """``gang``'s Volcano or Kubernetes PodGroup should show it (called on every cycle for
+        those gangs; send what changed)."""
+
+    def torn(self, gang: Gang, release_at: float) -> None:
+        """``gang`` has bound members but fewer than its minimum; they are released at
+        ``release_at`` unless the missing members arrive and bind."""
+
+    def released(self, gang: Gang, since: float) -> None:
+        """``gang`` stayed torn since ``since``: its bound members are being evicted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +107,6 @@ class Settings:
     config: Config = field(default_factory=Config)
     initial_backoff: float = 1.0
     max_backoff: float = 10.0
-    #: How often every gang's status (scheduled / running counts) is refreshed.
-    status_interval: float = 2.0
     #: The longest the loop sleeps with nothing to do.
     idle_wait: float = 5.0
     #: One cycle decides for up to this many gangs in turn on its snapshot (each on the room
@@ -96,6 +118,9 @@ class Settings:
     reclaim_grace: float = 30.0
     #: Room held for a gang after its victims were chosen, beyond the grace.
     hold_extra: float = 120.0
+    #: How long a gang may stay torn (bound members, fewer than its minimum) waiting for the
+    #: missing members before its bound members are released (see :mod:`scheduler.torn`).
+    torn_grace: float = 60.0
 
 
 class Runner:
@@ -125,16 +150,18 @@ class Runner:
             max_workers=max(1, settings.bind_workers), thread_name_prefix="bind"
         )
         self._cycle = 0
-        self._last_status = 0.0
+        #: ``time.monotonic()`` when the loop last finished a cycle (or waited, not ready):
+        #: ``/healthz`` fails when this grows old.
+        self.completed_at = time.monotonic()
+        self._torn = TornLedger(settings.torn_grace)
+        self._statuses = GroupStatuses(settings.scheduler_name)
         self._invalid_seen: dict[str, str] = {}
         self._gangs = GangBuilder(settings.scheduler_name)
-        # Reclaim state: victim -> (the gang it makes room for, when to evict it), the pods
-        # being evicted now, and the room held per gang (until it binds or the hold expires).
-        self._victims: dict[PodKey, tuple[GangKey, float]] = {}
-        self._evicting: set[PodKey] = set()
-        self._held: dict[GangKey, tuple[tuple[tuple[NodeName, Resources], ...], float]] = {}
         self.in_flight = 0
         self._lock = threading.Lock()
+        #: Victims, evictions in flight and room held per gang; read and written under the
+        #: runner's lock (evictions finish on worker threads).
+        self.reclaims = ReclaimLedger(settings.reclaim_grace, settings.hold_extra)
         # Gangs whose binding failed since the last cycle (written by bind threads): they back
         # off like a gang that did not fit, so a throttled or failing API server is not
         # hammered with immediate retries.
@@ -150,6 +177,7 @@ class Runner:
         """Cycle until ``stop`` is set; ``ready`` gates scheduling (caches synced, leadership)."""
         while not stop.is_set():
             if not ready():
+                self.completed_at = time.monotonic()
                 self._wakeup.wait(0.2)
                 self._wakeup.clear()
                 continue
@@ -160,11 +188,22 @@ class Runner:
                 log.exception("cycle_crashed", cycle=self._cycle)
                 stop.wait(1.0)
                 continue
+            self.completed_at = time.monotonic()
             if decision is None:
                 wait = self.settings.idle_wait
                 if next_at is not None:
                     wait = max(0.01, min(wait, next_at - self._clock()))
                 self._wakeup.wait(wait)
+
+    def stalled(self, limit: float) -> str | None:
+        """Why the loop counts as stuck (no cycle completed for ``limit`` seconds), if it is.
+
+        A cycle that raises does not count as completed: a fault that fails every cycle makes
+        ``/healthz`` fail, so that the scheduler is restarted instead of silently idle."""
+        age = time.monotonic() - self.completed_at
+        if age > limit:
+            return f"no scheduling cycle has completed for {age:.0f} s"
+        return None
 
     def close(self) -> None:
         self._binds.shutdown(wait=True)
@@ -175,6 +214,28 @@ class Runner:
         time the earliest backoff ends."""
         started = time.perf_counter()
         now = self._clock()
+        self._take_news(now)
+        snapshot = self.cache.snapshot()
+        gangs = self._read_gangs(snapshot)
+        working = self._publish_state(gangs, snapshot, now)
+        leaving, reserved = self._track_victims(gangs, snapshot.pods, now)
+        self._track_torn(gangs, now)
+        first = self._decide_batch(
+            gangs,
+            snapshot,
+            now,
+            started,
+            reserved=reserved,
+            leaving=leaving,
+            pending_gangs=len(working),
+        )
+        if first is None:
+            return None, self._next_due(working)
+        return first, None
+
+    def _take_news(self, now: float) -> None:
+        """What happened since the last cycle: room freed (every backoff ends), bindings that
+        failed (their gangs back off), assumed bindings never confirmed (forgotten)."""
         if self._freed.is_set():
             self._freed.clear()
             self.queue.wake()
@@ -184,23 +245,44 @@ class Runner:
             self.queue.failed(gang_key, when)
         for key in self.cache.expire(now):
             log.warning("assume_expired", pod=key)
-        snapshot = self.cache.snapshot()
+
+    def _read_gangs(self, snapshot: Snapshot) -> list[Gang]:
+        """The snapshot's gangs; invalid ones are reported, and gangs gone leave the queue."""
         gangs, invalid = self._gangs.build(
             snapshot.pods.values(), snapshot.pod_groups, snapshot.members
         )
         self._report_invalid(invalid)
         self.queue.prune(g.key for g in gangs)
+        return gangs
+
+    def _publish_state(self, gangs: list[Gang], snapshot: Snapshot, now: float) -> list[Gang]:
+        """Set the gauges, bring every PodGroup's status up to date; returns the gangs with
+        work to do."""
         self.metrics.queue_entries.set(len(self.queue))
         self.metrics.cached_pods.set(len(snapshot.pods))
         self.metrics.binds_in_flight.set(self.in_flight)
-        if now - self._last_status >= self.settings.status_interval:
-            self._last_status = now
-            for gang in gangs:
+        for group, status in self._statuses.due(_groups_with_pods(snapshot), now):
+            self.reporter.group_status(group, status)
+        for gang in gangs:
+            if gang.pod_group is not None and split_group_ref(gang.pod_group)[0] is not SP:
                 self.reporter.gang_status(gang)
         working = [g for g in gangs if has_work(g)]
         self.metrics.pending_gangs.set(len(working))
-        leaving = self._track_victims(gangs, snapshot.pods, now)
+        return working
 
+    def _decide_batch(
+        self,
+        gangs: list[Gang],
+        snapshot: Snapshot,
+        now: float,
+        started: float,
+        *,
+        reserved: Mapping[GangKey, Room],
+        leaving: Mapping[GangKey, int],
+        pending_gangs: int,
+    ) -> Decision | None:
+        """Decide gangs in turn on the snapshot and carry out each decision, until one has
+        victims or the batch is full; returns the first decision (``None``: none was ready)."""
         decide_started = time.perf_counter()
         turn = decide_in_turn(
             gangs,
@@ -208,7 +290,7 @@ class Runner:
             snapshot,
             now,
             self.settings.config,
-            reserved={k: held for k, (held, _) in self._held.items()},
+            reserved=reserved,
             leaving=leaving,
         )
         first: Decision | None = None
@@ -217,24 +299,46 @@ class Runner:
             first = first or decision
             self._cycle += 1
             self.metrics.decision_seconds.observe(decided - decide_started)
-            self._apply(decision, snapshot.pods, now)
+            self._carry_out(decision, snapshot.pods, now)
             duration = time.perf_counter() - started
             self._log_decision(
-                decision, len(working), len(snapshot.nodes), decided - decide_started, duration
+                decision, pending_gangs, len(snapshot.nodes), decided - decide_started, duration
             )
-            if (
-                decision.victims
-                or count >= self.settings.batch_decisions
-                or time.perf_counter() - started >= self.settings.batch_seconds
-            ):
+            if self._batch_ends(decision, count, started):
                 break
             started = decide_started = time.perf_counter()
         turn.close()
-        if first is None:
-            times = [t for t in [self.queue.next_ready(g.key for g in working)] if t is not None]
-            times.extend(deadline for _, deadline in self._victims.values())
-            return None, min(times) if times else None
-        return first, None
+        return first
+
+    def _carry_out(self, decision: Decision, pods: Mapping[PodKey, PodRequest], now: float) -> None:
+        """Apply one decision; a fault fails only its gang (it backs off, the cycle goes on)."""
+        if decision.fault is not None:
+            log.error("decision_failed", gang=decision.gang.key, error=decision.fault)
+        try:
+            self._apply(decision, pods, now)
+        except Exception:  # one gang's fault: it backs off, the cycle goes on
+            log.exception("apply_failed", gang=decision.gang.key)
+            self.queue.failed(decision.gang.key, now)
+
+    def _batch_ends(self, decision: Decision, count: int, started: float) -> bool:
+        """Stop after a decision with victims (the room it holds changes what the next gangs
+        may use), after ``batch_decisions``, or once ``batch_seconds`` have passed since
+        ``started``."""
+        return bool(
+            decision.victims
+            or count >= self.settings.batch_decisions
+            or time.perf_counter() - started >= self.settings.batch_seconds
+        )
+
+    def _next_due(self, working: list[Gang]) -> float | None:
+        """When an idle loop looks again: the earliest end of a backoff, an eviction or hold
+        falling due, or a torn gang's release (``None``: only when woken)."""
+        backoff_ends = self.queue.next_ready(g.key for g in working)
+        times = [t for t in [backoff_ends, self._reclaim_due()] if t is not None]
+        torn_due = self._torn.next_due()
+        if torn_due is not None:
+            times.append(torn_due)
+        return min(times) if times else None
 
     def _log_decision(
         self, decision: Decision, pending_gangs: int, nodes: int, decide: float, duration: float
@@ -272,8 +376,9 @@ class Runner:
         gang = decision.gang
         if decision.victims:
             self._reclaim(decision, pods, now)
-        if decision.unschedulable is not None:
-            self.reporter.unschedulable(gang, gang.pending, decision.unschedulable.message())
+        why = decision.unschedulable
+        if why is not None:
+            self.reporter.unschedulable(gang, gang.pending, why.message(), waiting=why.waiting)
         elif decision.surplus_unschedulable is not None:
             placed = {a.pod for a in decision.bindings}
             waiting = [p for p in gang.pending if p.key not in placed]
@@ -284,7 +389,8 @@ class Runner:
             self.reporter.unschedulable(gang, waiting, message)
         if not decision.bindings:
             return
-        self._held.pop(gang.key, None)
+        with self._lock:
+            self.reclaims.placed(gang.key)
         if decision.min_count and gang.min_missing > 0:
             self.metrics.gang_latency_seconds.observe(max(0.0, now - gang.created))
         self.cache.assume(decision.bindings, now)
@@ -293,8 +399,15 @@ class Runner:
             pod = members[assignment.pod]
             with self._lock:
                 self.in_flight += 1
-            future = self._binds.submit(self.binder.bind, pod, assignment.node)
+            future = self._binds.submit(self._bind, pod, assignment.node)
             future.add_done_callback(functools.partial(self._bound, gang, pod, assignment))
+
+    def _bind(self, pod: PodRequest, node: NodeName) -> str | None:
+        # The node was in the decision's snapshot; it may have been deleted since. The API
+        # server would accept a binding to a node that does not exist.
+        if not self.cache.has_node(node):
+            return f"node {node} no longer exists"
+        return self.binder.bind(pod, node)
 
     def _bound(
         self, gang: Gang, pod: PodRequest, a: Assignment, future: Future[str | None]
@@ -322,21 +435,20 @@ class Runner:
     # -- reclaim -----------------------------------------------------------------------------------
     def _reclaim(self, decision: Decision, pods: Mapping[PodKey, PodRequest], now: float) -> None:
         gang = decision.gang
-        leave_by = now + self.settings.reclaim_grace
         members = {p.key: p for p in gang.members}
-        self._held[gang.key] = (
-            tuple((a.node, members[a.pod].requests) for a in decision.nominated),
-            leave_by + self.settings.hold_extra,
-        )
+        victims = [pods[key] for key in decision.victims if key in pods]
+        with self._lock:
+            leave_by = self.reclaims.chosen(
+                gang.key,
+                (p.key for p in victims),
+                ((a.node, members[a.pod].requests) for a in decision.nominated),
+                now,
+            )
         for a in decision.nominated:
             self.reporter.nominated(members[a.pod], a.node)
-        for key in decision.victims:
-            pod = pods.get(key)
-            if pod is None:
-                continue
-            self._victims[key] = (gang.key, leave_by)
+        for pod in victims:
             self.metrics.reclaims.inc()
-            log.info("reclaim", pod=key, gang=gang.key, deadline=leave_by)
+            log.info("reclaim", pod=pod.key, gang=gang.key, deadline=leave_by)
             self.reporter.asked_to_leave(pod, gang, leave_by)
             self._binds.submit(
                 self._write, "ask_to_leave", self.binder.ask_to_leave, pod, leave_by, gang.key
@@ -344,46 +456,68 @@ class Runner:
 
     def _track_victims(
         self, gangs: list[Gang], pods: Mapping[PodKey, PodRequest], now: float
-    ) -> dict[GangKey, int]:
-        """Forget victims that left, pick up ones a previous run chose, evict the due ones;
-        returns per gang how many of its victims are still there."""
-        for gang in gangs:
-            for member in gang.bound:
-                target = member.annotations.get(names.RECLAIMED_FOR_ANNOTATION)
-                if target and member.key not in self._victims:
-                    notice = member.annotations.get(names.LEAVE_BY_ANNOTATION)
-                    self._victims[member.key] = (GangKey(target), _parse_time(notice, now))
-        leaving: dict[GangKey, int] = {}
-        for key, (gang_key, deadline) in list(self._victims.items()):
-            pod = pods.get(key)
-            if pod is None or pod.node is None or pod.finished:
-                del self._victims[key]
-                continue
-            leaving[gang_key] = leaving.get(gang_key, 0) + 1
-            if deadline <= now and key not in self._evicting and not pod.deleting:
-                self._evicting.add(key)
-                self._binds.submit(self._evict, pod)
-        alive = {g.key: g for g in gangs}
-        for held_for, (_, until) in list(self._held.items()):
-            waiting = alive.get(held_for)
-            if waiting is None or waiting.min_missing == 0 or until <= now:
-                del self._held[held_for]
-        return leaving
+    ) -> tuple[Mapping[GangKey, int], dict[GangKey, Room]]:
+        """Bring the reclaim ledger up to ``now`` and evict the victims that are due; returns
+        per gang how many of its victims are still there, and the room held per gang."""
+        with self._lock:
+            update = self.reclaims.update(gangs, pods, now)
+            due = self.reclaims.due(pods, now)
+            reserved = self.reclaims.reserved()
+        for key in due:
+            self._binds.submit(self._evict, pods[key])
+        return update.leaving, reserved
+
+    def _reclaim_due(self) -> float | None:
+        """When an eviction falls due or a hold ends next (the idle loop wakes then)."""
+        with self._lock:
+            return self.reclaims.next_due()
+
+    def _track_torn(self, gangs: list[Gang], now: float) -> None:
+        """Tell users about gangs that became torn; release the ones torn past the grace."""
+        update = self._torn.update(gangs, now)
+        for gang, release_at in update.started:
+            log.warning(
+                "gang_torn",
+                gang=gang.key,
+                bound=len(gang.bound),
+                min=gang.min_member,
+                pending=len(gang.pending),
+                release_at=release_at,
+            )
+            self.reporter.torn(gang, release_at)
+        for gang in update.due:
+            since = self._torn.since(gang.key) or now
+            log.warning(
+                "torn_gang_released",
+                gang=gang.key,
+                bound=len(gang.bound),
+                min=gang.min_member,
+                torn_seconds=round(now - since, 1),
+            )
+            self.metrics.torn_released.inc()
+            self.reporter.released(gang, since)
+            for pod in gang.bound:
+                if pod.deleting:
+                    continue
+                with self._lock:
+                    start = self.reclaims.start_eviction(pod.key)
+                if start:
+                    self._binds.submit(self._evict, pod)
 
     def _evict(self, pod: PodRequest) -> None:
         try:
             error = self.binder.evict(pod)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
+        # Only now may the loop evict this pod again (a victim: a little later, on failure).
         if error is not None:
             log.warning("evict_failed", pod=pod.key, error=error)
-            entry = self._victims.get(pod.key)
-            if entry is not None:  # retry a little later (a PodDisruptionBudget, a conflict)
-                self._victims[pod.key] = (entry[0], self._clock() + 5.0)
+            with self._lock:
+                self.reclaims.eviction_failed(pod.key, self._clock())
         else:
             log.info("evicted", pod=pod.key)
-        # Only now may the loop evict this pod again (after the new deadline, on failure).
-        self._evicting.discard(pod.key)
+            with self._lock:
+                self.reclaims.evicted(pod.key)
         self.wake()
 
     def _write(self, action: str, fn: Callable[..., str | None], *args: object) -> None:
@@ -405,10 +539,15 @@ class Runner:
             self.reporter.invalid(bad)
 
 
-def _parse_time(text: str | None, default: float) -> float:
-    if not text:
-        return default
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return default
+def _groups_with_pods(snapshot: Snapshot) -> Iterator[tuple[PodGroup, Sequence[PodRequest]]]:
+    """Each PodGroup with the pods filed under its gang key (those that name it, and any other
+    pod whose gang shares the key; :class:`GroupStatuses` keeps only the ones that name it)."""
+    members = snapshot.members
+    groups = [(r, g) for r, g in snapshot.pod_groups.items() if g.api is SP]
+    if members is None:
+        every = tuple(snapshot.pods.values())
+        for _, group in groups:
+            yield group, every
+        return
+    for ref, group in groups:
+        yield group, members.get(GangKey(ref), ())

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from common.values import parse_bool
 from contracts import names
 
 
@@ -44,15 +45,6 @@ def _keys(text: str) -> tuple[str, ...]:
     return tuple(k.strip() for k in text.split(",") if k.strip())
 
 
-def _bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError(f"expected true or false, got {text!r}")
-
-
 def _whole(minimum: int, maximum: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         value = int(text)
@@ -77,6 +69,46 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _absolute(text: str) -> str:
+    if not text.startswith("/"):
+        raise ValueError(f"expected an absolute path, got {text!r}")
+    return text
+
+
+# The admission webhook that wires pods for notices and checkpoints (README "Automatic wiring").
+WEBHOOK_OPTIONS: tuple[Option, ...] = (
+    Option("webhook", False, parse_bool, "serve the mutating admission webhook (HTTPS /mutate)"),
+    Option("webhook-host", "127.0.0.1", str, "address of the webhook (the Deployment: 0.0.0.0)"),
+    Option("webhook-port", 9443, _whole(0, 65535), "port of the webhook (0: any free port)"),
+    Option(
+        "webhook-cert",
+        "",
+        str,
+        "serving certificate file (PEM, reloaded when it changes); none: made at start-up, "
+        "with its CA put into --webhook-configuration's caBundle",
+    ),
+    Option("webhook-key", "", str, "the key of --webhook-cert (PEM)"),
+    Option(
+        "webhook-hosts",
+        ("shoal-scheduler-webhook.shoal-system.svc",),
+        _keys,
+        "DNS names and IP addresses of a made certificate, comma-separated",
+    ),
+    Option(
+        "webhook-configuration",
+        "shoal-scheduler",
+        str,
+        "MutatingWebhookConfiguration whose caBundle a made certificate's CA is kept in "
+        "('' : none)",
+    ),
+    Option(
+        "notice-socket",
+        "/run/shoal/agent.sock",
+        _absolute,
+        "the node agent's --socket, wired into pods (its folder is mounted from the host)",
+    ),
+)
+
 OPTIONS: tuple[Option, ...] = (
     Option("scheduler-name", names.SCHEDULER_NAME, str, "pods with this spec.schedulerName"),
     Option("qps", 200.0, _number, "client-side API rate limit, requests/s (<= 0: none)"),
@@ -88,7 +120,13 @@ OPTIONS: tuple[Option, ...] = (
         _keys,
         "node label keys of the cross-node topology, widest first, comma-separated",
     ),
-    Option("http-host", "0.0.0.0", str, "address of /healthz, /readyz, /metrics"),  # noqa: S104
+    Option(
+        "http-host",
+        "127.0.0.1",
+        str,
+        "address of /healthz, /readyz, /metrics; loopback only unless set (the Deployment "
+        "sets 0.0.0.0 for the kubelet's probes)",
+    ),
     Option(
         "http-port",
         10260,
@@ -102,11 +140,27 @@ OPTIONS: tuple[Option, ...] = (
         _seconds,
         "seconds between asking a reclaimed pod to leave (shoal.dev/leave-by) and evicting it",
     ),
-    Option("reclaim", True, _bool, "reclaim surplus and lower-priority gangs for waiting gangs"),
-    Option("leader-elect", False, _bool, "run for leadership on a Lease; standby otherwise"),
+    Option(
+        "torn-grace",
+        60.0,
+        _seconds,
+        "seconds a gang may stay below its minimum with members bound, waiting for the missing "
+        "ones, before its bound members are evicted",
+    ),
+    Option(
+        "stall-timeout",
+        60.0,
+        _seconds,
+        "/healthz fails when no scheduling cycle has completed for this many seconds",
+    ),
+    Option(
+        "reclaim", True, parse_bool, "reclaim surplus and lower-priority gangs for waiting gangs"
+    ),
+    Option("leader-elect", False, parse_bool, "run for leadership on a Lease; standby otherwise"),
     Option("lease-namespace", "kube-system", str, "namespace of the leader-election Lease"),
     Option("lease-name", "", str, "name of the Lease (default: the scheduler name)"),
     Option("log-format", "auto", str, "json, console, or auto (console on a terminal)"),
+    *WEBHOOK_OPTIONS,
 )
 
 
@@ -153,39 +207,85 @@ def parser() -> argparse.ArgumentParser:
 
 
 def resolve(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> CliSettings:
+    """Every option from the first place that gives it — flag, environment, config file — or
+    its default; the first wrong value, in ``OPTIONS`` order, is a :class:`SettingsError`."""
     env = os.environ if env is None else env
     args = parser().parse_args(argv)
-    file_values: dict[str, Any] = {}
-    if args.config:
-        try:
-            loaded = yaml.safe_load(Path(args.config).read_text())
-        except (OSError, yaml.YAMLError) as exc:
-            raise SettingsError(f"--config {args.config}: {exc}") from exc
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise SettingsError(f"--config {args.config}: must be a mapping of option: value")
-        known = {o.name for o in OPTIONS} | {o.attr for o in OPTIONS}
-        for key in loaded:
-            if key not in known:
-                raise SettingsError(f"--config {args.config}: unknown option {key!r}")
-        file_values = {str(k).replace("_", "-"): v for k, v in loaded.items()}
-    values: dict[str, Any] = {}
-    for option in OPTIONS:
-        flag = getattr(args, option.attr)
-        if flag is not None:
-            raw, where = flag, f"--{option.name}"
-        elif option.env in env:
-            raw, where = env[option.env], f"env {option.env}"
-        elif option.name in file_values:
-            raw, where = file_values[option.name], f"{args.config}: {option.name}"
-        else:
-            values[option.attr] = option.default
-            continue
-        if isinstance(raw, list):
-            raw = ",".join(str(x) for x in raw)
-        try:
-            values[option.attr] = option.parse(str(raw))
-        except ValueError as exc:
-            raise SettingsError(f"{where}: {exc}") from exc
+    file_values = _config_file(args.config) if args.config else {}
+    values = {
+        option.attr: _value(option, getattr(args, option.attr), env, file_values, args.config)
+        for option in OPTIONS
+    }
+    _check_pair(args, env, file_values, values)
     return CliSettings(kubeconfig=args.kubeconfig, config=args.config, values=values)
+
+
+def _check_pair(
+    args: argparse.Namespace, env: Mapping[str, str], file_values: Mapping[str, Any], values: Any
+) -> None:
+    """``--webhook-cert`` and ``--webhook-key`` come together; the message says where the one
+    given was given."""
+    if bool(values["webhook_cert"]) == bool(values["webhook_key"]):
+        return
+    given = "webhook-cert" if values["webhook_cert"] else "webhook-key"
+    option = next(o for o in OPTIONS if o.name == given)
+    where = _given(option, getattr(args, option.attr), env, file_values, args.config)
+    place = where[1] if where is not None else f"--{given}"
+    raise SettingsError(
+        f"{place}: --webhook-cert and --webhook-key are given together or not at all"
+    )
+
+
+def _config_file(path: str) -> dict[str, Any]:
+    """The config file's options by flag name (``bind_workers`` is read as ``bind-workers``);
+    an unreadable file, one that is not a mapping, or an unknown option is refused."""
+    try:
+        loaded = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise SettingsError(f"--config {path}: {exc}") from exc
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, dict):
+        raise SettingsError(f"--config {path}: must be a mapping of option: value")
+    known = {o.name for o in OPTIONS} | {o.attr for o in OPTIONS}
+    for key in loaded:
+        if key not in known:
+            raise SettingsError(f"--config {path}: unknown option {key!r}")
+    return {str(k).replace("_", "-"): v for k, v in loaded.items()}
+
+
+def _value(
+    option: Option,
+    flag: str | None,
+    env: Mapping[str, str],
+    file_values: Mapping[str, Any],
+    config: str | None,
+) -> Any:
+    """One option's value, parsed from where it was given first, else its default."""
+    given = _given(option, flag, env, file_values, config)
+    if given is None:
+        return option.default
+    raw, where = given
+    if isinstance(raw, list):
+        raw = ",".join(str(x) for x in raw)
+    try:
+        return option.parse(str(raw))
+    except ValueError as exc:
+        raise SettingsError(f"{where}: {exc}") from exc
+
+
+def _given(
+    option: Option,
+    flag: str | None,
+    env: Mapping[str, str],
+    file_values: Mapping[str, Any],
+    config: str | None,
+) -> tuple[Any, str] | None:
+    """The raw value and where it came from, by precedence; ``None`` when nowhere gives it."""
+    if flag is not None:
+        return flag, f"--{option.name}"
+    if option.env in env:
+        return env[option.env], f"env {option.env}"
+    if option.name in file_values:
+        return file_values[option.name], f"{config}: {option.name}"
+    return None

@@ -12,6 +12,7 @@ from scheduler.gang.build import gang_of
 from scheduler.model import (
     Assignment,
     GangKey,
+    GroupApi,
     Node,
     NodeName,
     NodeState,
@@ -113,6 +114,12 @@ class Cache:
             self._nodes.pop(name, None)
             self._states.pop(name, None)
 
+    def has_node(self, name: NodeName) -> bool:
+        """The node exists as the API server last told us (checked again just before a bind:
+        a node deleted after the decision must not receive the pod)."""
+        with self._lock:
+            return name in self._nodes
+
     def replace_nodes(self, nodes: Iterable[Node]) -> None:
         """After a relist: exactly these nodes exist."""
         with self._lock:
@@ -120,10 +127,13 @@ class Cache:
             self._states.clear()
 
     # -- pods ----------------------------------------------------------------------------------
-    def set_pod(self, pod: PodRequest) -> None:
+    def set_pod(self, pod: PodRequest) -> PodRequest | None:
+        """Record ``pod`` as the API server shows it; returns what was recorded before."""
         with self._lock:
+            old = self._pods.get(pod.key)
             self._set_pod(pod)
             self._index(pod.key)
+            return old
 
     def remove_pod(self, key: PodKey) -> None:
         with self._lock:
@@ -178,15 +188,19 @@ class Cache:
     # -- pod groups ----------------------------------------------------------------------------
     def set_pod_group(self, group: PodGroup) -> None:
         with self._lock:
-            self._groups[f"{group.namespace}/{group.name}"] = group
+            self._groups[group.ref] = group
 
     def remove_pod_group(self, key: str) -> None:
         with self._lock:
             self._groups.pop(key, None)
 
-    def replace_pod_groups(self, groups: Iterable[PodGroup]) -> None:
+    def replace_pod_groups(
+        self, groups: Iterable[PodGroup], api: GroupApi = GroupApi.SCHEDULER_PLUGINS
+    ) -> None:
+        """The PodGroups of ``api`` are now ``groups`` (those of other APIs stay)."""
         with self._lock:
-            self._groups = {f"{g.namespace}/{g.name}": g for g in groups}
+            kept = {k: g for k, g in self._groups.items() if g.api != api}
+            self._groups = kept | {g.ref: g for g in groups}
 
     # -- snapshot ------------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import threading
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import structlog
+import yaml
 from kubernetes import client, config
+from kubernetes.config.config_exception import ConfigException
+
+log = structlog.get_logger("scheduler.api")
 
 
 class TokenBucket:
@@ -39,13 +47,62 @@ class TokenBucket:
             time.sleep(wait)
 
 
-def api_client(kubeconfig: str | None, *, pool_size: int = 32) -> Any:
-    """An ApiClient from a kubeconfig file, or the in-cluster config when none is given."""
+class KubeconfigError(ValueError):
+    """The kubeconfig (or in-cluster config) cannot be used. The message names the file and
+    where in it, never a value: a kubeconfig holds tokens and keys, and this message is printed."""
+
+
+def _load(kubeconfig: str | None) -> Any:
     if kubeconfig:
-        api = config.new_client_from_config(config_file=kubeconfig)
-    else:
-        config.load_incluster_config()
-        api = client.ApiClient()
+        return config.new_client_from_config(config_file=kubeconfig)
+    config.load_incluster_config()
+    return client.ApiClient()
+
+
+def _undecodable_field(kubeconfig: str) -> str | None:
+    """The first ``*-data`` field of the kubeconfig that is not base64, as ``users['u'].user.
+    client-key-data`` (the loader's own error does not say which)."""
+    try:
+        doc = yaml.safe_load(Path(kubeconfig).read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    for section, inner in (("users", "user"), ("clusters", "cluster")):
+        for item in doc.get(section) or []:
+            values = item.get(inner) if isinstance(item, dict) else None
+            for key, value in (values or {}).items() if isinstance(values, dict) else ():
+                if str(key).endswith("-data"):
+                    try:
+                        base64.b64decode(str(value), validate=True)
+                    except (binascii.Error, ValueError):
+                        return f"{section}[{item.get('name')!r}].{inner}.{key}"
+    return None
+
+
+def api_client(kubeconfig: str | None, *, pool_size: int = 32) -> Any:
+    """An ApiClient from a kubeconfig file, or the in-cluster config when none is given;
+    :class:`KubeconfigError` when it cannot be loaded."""
+    where = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster config"
+    try:
+        api = _load(kubeconfig)
+    except yaml.YAMLError as exc:
+        # PyYAML's message quotes the offending line, which may be a token: say where only.
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise KubeconfigError(f"{where}: not valid YAML{at}") from None
+    except OSError as exc:
+        named = f": {exc.filename}" if exc.filename else ""
+        raise KubeconfigError(f"{where}: {exc.strerror or type(exc).__name__}{named}") from None
+    except ConfigException as exc:
+        # The loader's own messages name keys and entries, not their values.
+        raise KubeconfigError(f"{where}: {exc}") from None
+    except Exception as exc:
+        # Anything else may carry a value it choked on (a token, a key): the field, if it is
+        # one we can tell, and the kind of error only.
+        field = _undecodable_field(kubeconfig) if kubeconfig else None
+        what = f"{field} is not valid base64" if field else "cannot be used"
+        raise KubeconfigError(f"{where}: {what} ({type(exc).__name__})") from None
     api.configuration.connection_pool_maxsize = pool_size
     api.rest_client.pool_manager.connection_pool_kw["maxsize"] = pool_size
     return api
@@ -74,6 +131,14 @@ class Rest:
         self._host = str(api.configuration.host).rstrip("/")
         self._timeout = timeout
 
+    def get(self, path: str) -> dict[str, Any]:
+        """The object at ``path``; raises :class:`ApiError` on an error status."""
+        try:
+            found = json.loads(self._request("GET", path, None, "application/json"))
+        except ValueError:
+            return {}
+        return found if isinstance(found, dict) else {}
+
     def call(
         self,
         method: str,
@@ -83,6 +148,11 @@ class Rest:
         content_type: str = "application/json",
     ) -> None:
         """Send ``body`` to ``path``; raises :class:`ApiError` on an error status."""
+        self._request(method, path, body, content_type)
+
+    def _request(
+        self, method: str, path: str, body: dict[str, Any] | None, content_type: str
+    ) -> bytes:
         headers = {"Content-Type": content_type, "Accept": "application/json"}
         # The same credentials as the generated client (a bearer token is refreshed there).
         self._api.update_params_for_auth(headers, [], ["BearerToken"], path, method, body)
@@ -93,8 +163,13 @@ class Rest:
             data = response.read()
         finally:
             response.response.release_conn()
+        warning = response.headers.get("Warning")
+        if warning:
+            # The API server accepted the write but says something about it (a field the
+            # schema prunes, a deprecated API): worth a line in the log, not a failure.
+            log.warning("api_warning", method=method, path=path, warning=str(warning)[:300])
         if 200 <= response.status < 300:
-            return
+            return data if isinstance(data, bytes) else str(data).encode()
         try:
             message = str(json.loads(data).get("message", ""))
         except (TypeError, ValueError):

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from contracts import gputopology, names
+from contracts.times import parse_time_or
 from scheduler.model import (
+    GroupApi,
     Node,
     NodeName,
     PodGroup,
@@ -92,12 +93,7 @@ def resources(raw: Mapping[str, Any] | None, *, pods: int = 0) -> Resources:
 
 
 def timestamp(text: object) -> float:
-    if not isinstance(text, str) or not text:
-        return 0.0
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
+    return parse_time_or(text, 0.0)
 
 
 def _container_requests(container: Mapping[str, Any]) -> Resources:
@@ -158,6 +154,7 @@ def pod(raw: Mapping[str, Any]) -> PodRequest:
         namespace=namespace,
         name=name,
         uid=str(meta.get("uid", "")),
+        resource_version=str(meta.get("resourceVersion") or ""),
         requests=pod_requests(spec),
         scheduler_name=str(spec.get("schedulerName") or "default-scheduler"),
         node=NodeName(node) if node else None,
@@ -179,6 +176,7 @@ def pod(raw: Mapping[str, Any]) -> PodRequest:
         ),
         deleting=bool(meta.get("deletionTimestamp")),
         gated=bool(spec.get("schedulingGates")),
+        scheduling_group=str((spec.get("schedulingGroup") or {}).get("podGroupName") or ""),
     )
 
 
@@ -217,6 +215,8 @@ def node(raw: Mapping[str, Any], problems: list[str] | None = None) -> Node:
 def pod_group(raw: Mapping[str, Any]) -> PodGroup:
     meta = raw.get("metadata") or {}
     spec = raw.get("spec") or {}
+    status = raw.get("status") or {}
+    started = timestamp(status.get("scheduleStartTime"))
     return PodGroup(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
@@ -224,4 +224,61 @@ def pod_group(raw: Mapping[str, Any]) -> PodGroup:
         annotations=dict(meta.get("annotations") or {}),
         created=timestamp(meta.get("creationTimestamp")),
         uid=str(meta.get("uid", "")),
+        phase=str(status.get("phase") or ""),
+        schedule_start=started or None,
+    )
+
+
+def volcano_pod_group(raw: Mapping[str, Any], priorities: Mapping[str, int]) -> PodGroup:
+    """A ``scheduling.volcano.sh`` PodGroup; ``priorities`` maps PriorityClass names to their
+    values (a class not there leaves the gang's priority to its members)."""
+    meta = raw.get("metadata") or {}
+    spec = raw.get("spec") or {}
+    tasks = spec.get("minTaskMember")
+    klass = str(spec.get("priorityClassName") or "")
+    return PodGroup(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        min_member=spec.get("minMember"),
+        annotations=dict(meta.get("annotations") or {}),
+        created=timestamp(meta.get("creationTimestamp")),
+        uid=str(meta.get("uid", "")),
+        api=GroupApi.VOLCANO,
+        version=_version(raw),
+        min_task_member={str(k): v for k, v in tasks.items()} if isinstance(tasks, dict) else {},
+        priority_class=klass,
+        priority=priorities.get(klass) if klass else None,
+        queue=str(spec.get("queue") or ""),
+    )
+
+
+def _version(raw: Mapping[str, Any]) -> str:
+    api_version = str(raw.get("apiVersion") or "")
+    return api_version.rsplit("/", 1)[-1] if "/" in api_version else ""
+
+
+def kubernetes_pod_group(raw: Mapping[str, Any]) -> PodGroup:
+    """A ``scheduling.k8s.io`` PodGroup (v1beta1 or v1alpha3, the same fields): the minimum is
+    ``spec.schedulingPolicy.gang.minCount``, 1 for a ``basic`` policy (its pods need not start
+    together), ``None`` for neither; the priority is ``spec.priority``, which admission fills
+    from ``spec.priorityClassName``."""
+    meta = raw.get("metadata") or {}
+    spec = raw.get("spec") or {}
+    policy = spec.get("schedulingPolicy") or {}
+    if isinstance(policy.get("gang"), dict):
+        minimum = policy["gang"].get("minCount")
+    else:
+        minimum = 1 if "basic" in policy else None
+    priority = spec.get("priority")
+    return PodGroup(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        min_member=minimum,
+        annotations=dict(meta.get("annotations") or {}),
+        created=timestamp(meta.get("creationTimestamp")),
+        uid=str(meta.get("uid", "")),
+        api=GroupApi.KUBERNETES,
+        version=_version(raw),
+        priority_class=str(spec.get("priorityClassName") or ""),
+        priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else None,
     )

@@ -116,7 +116,7 @@ class Informer:
                     if not self.synced.is_set():
                         self._handlers.on_list([])
                         self.synced.set()
-                        log.warning("resource_not_installed", kind=self.kind)
+                        log.info("resource_not_installed", kind=self.kind)
                     need_list = True
                     self._stop.wait(self._max_backoff)
                     continue

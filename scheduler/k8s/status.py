@@ -3,25 +3,46 @@
 :class:`~scheduler.k8s.client.Rest`; these are the per-pod writes).
 
 Writes that only inform (conditions, Events, PodGroup status) go through a small worker pool so
-the scheduling loop never waits on them, and each is sent only when its content changes: a gang
-that stays unschedulable for an hour produces one Event per member, not one per cycle.
+the scheduling loop never waits on them, and each is sent only when its content changes.
+
+Events about a gang as a whole (it does not fit, it is torn) are aggregated: one per gang, per
+reason, per ``event_interval``, on the gang's PodGroup (when it has one) and on its first member
+pod; every member still gets the ``PodScheduled`` condition with the reason. A gang that stays
+unschedulable for an hour produces a few Events, not one per member per cycle.
+
+A condition write carries the pod's ``resourceVersion`` as read when the decision was made: a
+write queued before the pod was bound fails with a conflict instead of overwriting the
+``PodScheduled=True`` that the binding set.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
 import structlog
 
+from common.kubeevents import EventSource, event_body
 from contracts import names
+from contracts.times import format_time
+from scheduler.gang.group_status import GroupStatus
+from scheduler.k8s import group_status
 from scheduler.k8s.client import ApiError, Rest, TokenBucket, pod_path
-from scheduler.model import Gang, GangKey, InvalidGang, NodeName, PodPhase, PodRequest
+from scheduler.model import (
+    Gang,
+    GangKey,
+    GroupApi,
+    InvalidGang,
+    NodeName,
+    PodGroup,
+    PodRequest,
+    split_group_ref,
+)
 
 log = structlog.get_logger("scheduler.status")
 
@@ -30,17 +51,19 @@ POD_GROUP_API = ("scheduling.x-k8s.io", "v1alpha1", "podgroups")
 MAX_REMEMBERED = 100_000
 
 
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 class ApiBinder:
     """``pods/binding``, the leave-by notice and evictions, rate limited. Thread-safe: called
     from the bind workers."""
 
-    def __init__(self, api: Any, limiter: TokenBucket) -> None:
+    def __init__(
+        self,
+        api: Any,
+        limiter: TokenBucket,
+        node_exists: Callable[[NodeName], bool] = lambda _: True,
+    ) -> None:
         self._rest = Rest(api)
         self._limiter = limiter
+        self._node_exists = node_exists
 
     def _send(self, method: str, path: str, body: dict[str, Any], **kw: Any) -> str | None:
         self._limiter.acquire()
@@ -57,13 +80,22 @@ class ApiBinder:
             "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        return self._send("POST", pod_path(pod.namespace, pod.name, "binding"), body)
+        self._limiter.acquire()
+        # Checked once the rate limiter lets the request go (it may have waited): the API
+        # server accepts a binding to a node that does not exist.
+        if not self._node_exists(node):
+            return f"node {node} no longer exists"
+        try:
+            self._rest.call("POST", pod_path(pod.namespace, pod.name, "binding"), body)
+        except ApiError as exc:
+            return str(exc)
+        return None
 
     def ask_to_leave(self, pod: PodRequest, leave_by: float, gang: GangKey) -> str | None:
         body = {
             "metadata": {
                 "annotations": {
-                    names.LEAVE_BY_ANNOTATION: _rfc3339(leave_by),
+                    names.LEAVE_BY_ANNOTATION: format_time(leave_by),
                     names.RECLAIMED_FOR_ANNOTATION: gang,
                 }
             }
@@ -89,10 +121,6 @@ class ApiBinder:
         return None
 
 
-def _rfc3339(when: float) -> str:
-    return datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 class ApiReporter:
     """Pod conditions, Events on pods and PodGroups, and PodGroup status."""
 
@@ -104,6 +132,9 @@ class ApiReporter:
         *,
         workers: int = 4,
         max_backlog: int = 5000,
+        event_interval: float = 30.0,
+        condition_interval: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._rest = Rest(api)
         self._limiter = limiter
@@ -115,6 +146,18 @@ class ApiReporter:
         self._backlog = 0
         self._max_backlog = max_backlog
         self.dropped = 0
+        self._event_interval = event_interval
+        self._condition_interval = condition_interval
+        # gang -> when members already told were last told a newer message.
+        self._gang_conditions: dict[GangKey, float] = {}
+        self._clock = clock
+        # ("gang-event", "gang|reason") -> when its last gang Event was sent, and what it said.
+        self._gang_events: dict[tuple[str, str], tuple[float, str]] = {}
+        # PodGroup status not yet written, newest only, per "namespace/name|uid"; writes for one
+        # group hold one of these locks, so that an older status never lands after a newer one.
+        #: The newest status write asked for each group: the write and its arguments.
+        self._group_latest: dict[str, tuple[Callable[..., None], tuple[Any, ...]]] = {}
+        self._group_locks = tuple(threading.Lock() for _ in range(16))
 
     @property
     def backlog(self) -> int:
@@ -125,23 +168,72 @@ class ApiReporter:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     # -- Reporter --------------------------------------------------------------------------------
-    def unschedulable(self, gang: Gang, pods: Sequence[PodRequest], message: str) -> None:
+    def unschedulable(
+        self, gang: Gang, pods: Sequence[PodRequest], message: str, *, waiting: bool = False
+    ) -> None:
+        self._conditions(gang, pods, "Unschedulable", message)
+        if waiting:
+            # Members still being created: normal for a gang, not a scheduling failure that
+            # should stay behind as a warning once the gang runs.
+            self._gang_event(gang, pods, "Normal", "WaitingForMembers", message)
+        else:
+            self._gang_event(gang, pods, "Warning", "FailedScheduling", message)
+
+    def _conditions(
+        self, gang: Gang | InvalidGang, pods: Sequence[PodRequest], reason: str, message: str
+    ) -> None:
+        """``PodScheduled=False`` with ``message`` on each of ``pods``: at once on a pod that
+        has none from us; on one that has an older message, at most once per
+        ``condition_interval`` per gang (a gang whose members arrive one by one changes its
+        count with each, and rewriting every member each time is quadratic)."""
+        now = self._clock()
+        with self._lock:
+            refresh = now - self._gang_conditions.get(gang.key, -1e18) >= self._condition_interval
+        refreshed = False
         for pod in pods:
             key = ("pod", pod.key)
-            if self._changed(key, message):
-                self._submit(self._pod_condition, pod, "Unschedulable", message, remembered=key)
-                self._submit(
-                    self._pod_event, pod, "Warning", "FailedScheduling", message, remembered=key
-                )
-        group = ("group", gang.pod_group or "")
-        if gang.pod_group and self._changed(group, message):
+            with self._lock:
+                told = self._sent.get(key)
+                if told == message or (told is not None and not refresh):
+                    continue
+                if len(self._sent) >= MAX_REMEMBERED:
+                    self._sent.clear()
+                self._sent[key] = message
+            refreshed = True
+            self._submit(self._pod_condition, pod, reason, message, remembered=key)
+        if refreshed:
+            with self._lock:
+                if len(self._gang_conditions) >= MAX_REMEMBERED:
+                    self._gang_conditions.clear()
+                self._gang_conditions[gang.key] = now
+
+    def torn(self, gang: Gang, release_at: float) -> None:
+        message = (
+            f"Gang {gang.name} is below its minimum: {len(gang.bound)} of {gang.min_member} "
+            f"bound, {len(gang.pending)} pending; waiting for "
+            f"{gang.min_missing - len(gang.pending)} more member(s). Unless they arrive, its "
+            f"bound members are evicted at {format_time(release_at)} so that their GPUs are not "
+            "held by a gang that cannot run."
+        )
+        self._gang_event(gang, gang.bound, "Warning", "GangBelowMinimum", message, force=True)
+
+    def released(self, gang: Gang, since: float) -> None:
+        message = (
+            f"Gang {gang.name} stayed below its minimum ({len(gang.bound)} of "
+            f"{gang.min_member} bound) since {format_time(since)} with no member to complete it; "
+            "evicting its bound members so that it can be admitted whole again "
+            "(a controller such as a Job recreates them)."
+        )
+        for pod in gang.bound:
+            self._submit(self._pod_event, pod, "Warning", "GangReleased", message)
+        if gang.pod_group:
             self._submit(
                 self._group_event,
                 gang.pod_group,
                 "Warning",
-                "FailedScheduling",
+                "GangReleased",
                 message,
-                remembered=group,
+                gang.pod_group_uid,
             )
 
     def scheduled(self, gang: Gang, pod: PodRequest, node: NodeName) -> None:
@@ -156,7 +248,7 @@ class ApiReporter:
 
     def asked_to_leave(self, pod: PodRequest, gang: Gang, leave_by: float) -> None:
         message = (
-            f"Asked to leave by {_rfc3339(leave_by)} (annotation {names.LEAVE_BY_ANNOTATION}) "
+            f"Asked to leave by {format_time(leave_by)} (annotation {names.LEAVE_BY_ANNOTATION}) "
             f"to make room for gang {gang.key} (priority {gang.priority}); evicted then"
         )
         self._submit(self._pod_event, pod, "Warning", "Reclaimed", message)
@@ -167,43 +259,69 @@ class ApiReporter:
             self._submit(self._pod_nomination, pod, node, remembered=key)
 
     def invalid(self, gang: InvalidGang) -> None:
-        message = f"Gang {gang.key} is not valid: {gang.message}"
-        for pod in gang.members:
-            ours = pod.node is None and pod.scheduler_name == self._name
-            key = ("pod", pod.key)
-            if ours and self._changed(key, message):
-                self._submit(self._pod_condition, pod, "InvalidGang", message, remembered=key)
-                self._submit(
-                    self._pod_event, pod, "Warning", "InvalidGang", message, remembered=key
-                )
-        group = ("group", gang.pod_group or "")
-        if gang.pod_group and self._changed(group, message):
+        message = gang.message
+        if gang.reason == "InvalidGang":
+            message = f"Gang {gang.key} is not valid: {gang.message}"
+        ours = [p for p in gang.members if p.node is None and p.scheduler_name == self._name]
+        self._conditions(gang, ours, gang.reason, message)
+        self._gang_event(gang, ours, "Warning", gang.reason, message)
+
+    def group_status(self, group: PodGroup, status: GroupStatus) -> None:
+        ref = f"{group.namespace}/{group.name}"
+        key = ("status", f"{ref}|{group.uid}")
+        body = status.body()
+        if self._changed(key, repr(sorted(body.items()))):
+            with self._lock:
+                self._group_latest[key[1]] = (self._group_status, (ref, group.uid, body))
+            self._submit(self._latest_group_status, key[1], remembered=key)
+
+    def gang_status(self, gang: Gang) -> None:
+        """Status on a Volcano or Kubernetes PodGroup (a scheduler-plugins PodGroup's comes
+        from :meth:`group_status`)."""
+        if gang.pod_group is None:
+            return
+        if split_group_ref(gang.pod_group)[0] is GroupApi.SCHEDULER_PLUGINS:
+            return
+        self._other_group_status(gang, gang.pod_group)
+
+    # -- plumbing --------------------------------------------------------------------------------
+    def _gang_event(
+        self,
+        gang: Gang | InvalidGang,
+        pods: Sequence[PodRequest],
+        kind: str,
+        reason: str,
+        message: str,
+        *,
+        force: bool = False,
+    ) -> None:
+        """One Event for the whole gang, on its PodGroup and its first pod in ``pods``: sent
+        when the message is new, at most once per ``event_interval`` per gang and reason
+        (``force``: whenever the message is new)."""
+        key = ("gang-event", f"{gang.key}|{reason}")
+        now = self._clock()
+        with self._lock:
+            last = self._gang_events.get(key)
+            if last is not None and (
+                last[1] == message or (not force and now - last[0] < self._event_interval)
+            ):
+                return
+            if len(self._gang_events) >= MAX_REMEMBERED:
+                self._gang_events.clear()
+            self._gang_events[key] = (now, message)
+        if pods:
+            self._submit(self._pod_event, pods[0], kind, reason, message, remembered=key)
+        if gang.pod_group:
             self._submit(
                 self._group_event,
                 gang.pod_group,
-                "Warning",
-                "InvalidGang",
+                kind,
+                reason,
                 message,
-                remembered=group,
+                gang.pod_group_uid,
+                remembered=key,
             )
 
-    def gang_status(self, gang: Gang) -> None:
-        if gang.pod_group is None:
-            return
-        scheduled = len(gang.bound)
-        running = sum(1 for p in gang.members if p.phase == PodPhase.RUNNING)
-        if running >= gang.min_member:
-            phase = "Running"
-        elif scheduled >= gang.min_member:
-            phase = "Scheduled"
-        else:
-            phase = "Pending"
-        status = {"phase": phase, "scheduled": scheduled, "running": running}
-        key = ("status", gang.pod_group)
-        if self._changed(key, repr(sorted(status.items()))):
-            self._submit(self._group_status, gang.pod_group, status, remembered=key)
-
-    # -- plumbing --------------------------------------------------------------------------------
     def _changed(self, key: tuple[str, str], content: str) -> bool:
         with self._lock:
             if self._sent.get(key) == content:
@@ -224,6 +342,7 @@ class ApiReporter:
                 self.dropped += 1
                 if remembered is not None:
                     self._sent.pop(remembered, None)
+                    self._gang_events.pop(remembered, None)
                 return
             self._backlog += 1
         self._pool.submit(self._guarded, fn, *args, remembered=remembered)
@@ -233,7 +352,11 @@ class ApiReporter:
             self._limiter.acquire()
             fn(*args)
         except ApiError as exc:
-            if exc.status != 404:  # the object went away meanwhile: nothing to tell
+            if exc.status == 409:
+                # A precondition failed: the pod changed (it may be bound) since the decision.
+                # Nothing is written; a later cycle sends it again if it is still true.
+                self._forget(remembered)
+            elif exc.status != 404:  # the object went away meanwhile: nothing to tell
                 self._forget(remembered)
                 log.warning(
                     "status_write_failed", action=fn.__name__, status=exc.status, error=str(exc)
@@ -249,6 +372,7 @@ class ApiReporter:
         if remembered is not None:
             with self._lock:
                 self._sent.pop(remembered, None)
+                self._gang_events.pop(remembered, None)
 
     def _pod_nomination(self, pod: PodRequest, node: NodeName) -> None:
         self._rest.call(
@@ -259,7 +383,7 @@ class ApiReporter:
         )
 
     def _pod_condition(self, pod: PodRequest, reason: str, message: str) -> None:
-        body = {
+        body: dict[str, Any] = {
             "status": {
                 "conditions": [
                     {
@@ -267,11 +391,13 @@ class ApiReporter:
                         "status": "False",
                         "reason": reason,
                         "message": message,
-                        "lastTransitionTime": _now(),
+                        "lastTransitionTime": format_time(time.time()),
                     }
                 ]
             }
         }
+        if pod.resource_version:
+            body["metadata"] = {"resourceVersion": pod.resource_version}
         self._rest.call(
             "PATCH",
             pod_path(pod.namespace, pod.name, "status"),
@@ -282,41 +408,80 @@ class ApiReporter:
     def _event(
         self, namespace: str, involved: dict[str, str], kind: str, reason: str, message: str
     ) -> None:
-        now = _now()
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
-            "involvedObject": {**involved, "namespace": namespace},
-            "reason": reason,
-            "message": message[:1024],
-            "type": kind,
-            "source": {"component": self._name},
-            "reportingComponent": self._name,
-            "reportingInstance": self._instance,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
+        involved = {**involved, "namespace": namespace}
+        by = EventSource(self._name, self._instance)
+        body = event_body(involved, kind, reason, message, by=by, now=time.time())
         self._rest.call("POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/events", body)
 
     def _pod_event(self, pod: PodRequest, kind: str, reason: str, message: str) -> None:
         involved = {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid}
         self._event(pod.namespace, involved, kind, reason, message)
 
-    def _group_event(self, ref: str, kind: str, reason: str, message: str) -> None:
-        namespace, name = ref.split("/", 1)
-        group, version, _ = POD_GROUP_API
-        involved = {"apiVersion": f"{group}/{version}", "kind": "PodGroup", "name": name}
+    def _group_event(self, ref: str, kind: str, reason: str, message: str, uid: str) -> None:
+        namespace, involved = group_status.involved(ref, uid)
         self._event(namespace, involved, kind, reason, message)
 
-    def _group_status(self, ref: str, status: dict[str, Any]) -> None:
+    def _latest_group_status(self, key: str) -> None:
+        """Write the newest status asked for the group ``key``, if no write took it already:
+        the worker pool runs writes in any order, and the PodGroup must end up with the last."""
+        with self._group_locks[hash(key) % len(self._group_locks)]:
+            with self._lock:
+                latest = self._group_latest.pop(key, None)
+            if latest is not None:
+                write, args = latest
+                write(*args)
+
+    def _other_group_status(self, gang: Gang, ref: str) -> None:
+        """Status and one-time notices on a PodGroup that is not scheduler-plugins'."""
+        if gang.pod_group_notice and self._changed(("notice", ref), gang.pod_group_notice):
+            args = (ref, "Normal", "FieldIgnored", gang.pod_group_notice, gang.pod_group_uid)
+            self._submit(self._group_event, *args, remembered=("notice", ref))
+        key = ("status", ref)
+        if split_group_ref(ref)[0] is GroupApi.KUBERNETES:
+            condition = group_status.kubernetes_condition(gang)
+            if self._changed(key, repr(sorted(condition.items()))):
+                # In order, newest last, as for scheduler-plugins' status: a waiting gang's
+                # False landing after its True would stay (True is never written twice).
+                with self._lock:
+                    self._group_latest[ref] = (self._kubernetes_condition, (ref, condition))
+                self._submit(self._latest_group_status, ref, remembered=key)
+            return
+        status = group_status.volcano_status(gang)
+        if self._changed(key, repr(sorted(status.items()))):
+            self._submit(self._object_status, ref, status, remembered=key)
+
+    def _object_status(self, ref: str, status: dict[str, Any]) -> None:
+        self._rest.call(
+            "PATCH",
+            group_status.object_path(ref),
+            {"status": status},
+            content_type="application/merge-patch+json",
+        )
+
+    def _kubernetes_condition(self, ref: str, condition: dict[str, Any]) -> None:
+        path = group_status.object_path(ref)
+        written = group_status.merged_condition(self._rest.get(path), condition, _now())
+        if written is None:
+            return  # True is for good: a gang torn later does not make it False
+        body = {"status": {"conditions": [written]}}
+        self._rest.call(
+            "PATCH", f"{path}/status", body, content_type="application/strategic-merge-patch+json"
+        )
+
+    def _group_status(self, ref: str, uid: str, status: dict[str, Any]) -> None:
+        """A merge patch of ``status``, on the PodGroup with ``uid`` only (a group deleted
+        and created again under its name meanwhile is left alone: the write conflicts)."""
         namespace, name = ref.split("/", 1)
         group, version, plural = POD_GROUP_API
         path = (
             f"/apis/{group}/{version}/namespaces/{quote(namespace, safe='')}/{plural}/"
             f"{quote(name, safe='')}/status"
         )
-        self._rest.call(
-            "PATCH", path, {"status": status}, content_type="application/merge-patch+json"
-        )
+        body: dict[str, Any] = {"status": status}
+        if uid:
+            body["metadata"] = {"uid": uid}
+        self._rest.call("PATCH", path, body, content_type="application/merge-patch+json")
+
+
+def _now() -> str:
+    return format_time(time.time())

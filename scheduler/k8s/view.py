@@ -14,8 +14,10 @@ from typing import Any
 import structlog
 from kubernetes import client
 
+from contracts import names
 from scheduler.cache import Cache
 from scheduler.k8s import convert
+from scheduler.k8s.group_view import GroupView
 from scheduler.k8s.informer import Handlers, Informer
 from scheduler.k8s.status import POD_GROUP_API
 from scheduler.model import Node, NodeName
@@ -54,6 +56,7 @@ class ClusterView:
                 missing_ok=True,
             ),
         ]
+        self.informers += GroupView(api, cache, wake, page_size=page_size).informers
 
     def start(self) -> None:
         for informer in self.informers:
@@ -77,11 +80,14 @@ class ClusterView:
             self._cache.remove_pod(pod.key)
             self._wake(True)
             return
-        self._cache.set_pod(pod)
-        # A new pod may complete a gang; a finished or leaving one frees its node. Other updates
-        # (a binding confirmed, a pod now Running) give the loop nothing new to do.
+        old = self._cache.set_pod(pod)
+        # A new pod may complete a gang; a finished or leaving one frees its node. A PodGroup
+        # member now Running changes its group's status only: the loop looks, no backoff ends.
+        # Other updates (a binding confirmed) give the loop nothing new to do.
         if kind == "ADDED" or pod.finished or pod.deleting:
             self._wake(True)
+        elif old is not None and old.phase != pod.phase and names.POD_GROUP_LABEL in pod.labels:
+            self._wake(False)
 
     # -- nodes -----------------------------------------------------------------------------------
     def _nodes_listed(self, items: list[dict[str, Any]]) -> None:

@@ -9,6 +9,16 @@ Pure and additive; the weights say what wins over what:
 3. Domain affinity (``TOGETHER``): a node in a rack the gang already uses beats a new rack.
 4. Tight fit (``TIGHT``, per GPU left free): pack GPUs so whole nodes stay free for big pods;
    pods without GPUs keep off GPU nodes.
+5. Stranding (``STRAND``, per GPU): a GPU node's free GPUs need their share of its CPU and
+   memory. A GPU counts as stranded while the share of CPU (or memory) left free is below the
+   share of GPUs left free; the score charges the GPUs a placement strands (and credits those it
+   puts back to use). A CPU-only pod then goes where the GPUs are already busy instead of eating
+   the CPU that free GPUs will need, and a GPU pod prefers a node whose free GPUs were short of
+   CPU anyway.
+6. Rest (``REST``): among equals, the node whose CPU and memory end up fuller.
+
+Ties left after all of this are broken by a hash of pod and node name in the search, never by
+name order (which would pile every small pod onto the first nodes).
 
 Fewest topology domains is decided before scoring, by the search (one rack when one rack holds
 the gang); see :mod:`scheduler.placement.search`.
@@ -28,6 +38,8 @@ class Weights:
     capacity: float = 100.0
     together: float = 50.0
     tight: float = 1.0
+    strand: float = 1.0
+    rest: float = 0.1
 
 
 DEFAULT_WEIGHTS = Weights()
@@ -62,4 +74,26 @@ def node_score(
         score -= weights.tight * (free.gpu - request.gpu)
     elif node.allocatable.gpu > 0:
         score -= weights.tight * node.allocatable.gpu
+    left = free - request
+    score -= weights.strand * (stranded(node.allocatable, left) - stranded(node.allocatable, free))
+    score -= weights.rest * (
+        _share(left.cpu_milli, node.allocatable.cpu_milli)
+        + _share(left.memory, node.allocatable.memory)
+    )
     return score
+
+
+def stranded(allocatable: Resources, free: Resources) -> float:
+    """How many of the free GPUs lack their share of CPU or memory (fractional): 0 on a node
+    without GPUs or whose CPU and memory run out no faster than its GPUs."""
+    if allocatable.gpu <= 0:
+        return 0.0
+    gpus = _share(free.gpu, allocatable.gpu)
+    other = min(
+        _share(free.cpu_milli, allocatable.cpu_milli), _share(free.memory, allocatable.memory)
+    )
+    return max(0.0, gpus - other) * allocatable.gpu
+
+
+def _share(amount: int, whole: int) -> float:
+    return amount / whole if whole > 0 else 0.0

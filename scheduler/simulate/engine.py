@@ -18,9 +18,11 @@ Model, stated so results can be read correctly:
   leave: no work is lost. Without it the workers die at removal and their job rolls back to its
   last periodic checkpoint. Either way a gang left below its minimum stops whole and waits to be
   admitted again.
-- Reclaim, as the live loop does it (:mod:`scheduler.runner`): when a gang's minimum does not fit
-  and the cycle names victims (surplus members of other gangs), the room it nominated is held for
-  that gang, and the victims leave ``reclaim_grace`` seconds later. A victim that was asked to
+- Reclaim, with the live loop's ledger (:mod:`scheduler.reclaim_ledger`): when a gang's minimum
+  does not fit and the cycle names victims (surplus members of other gangs), the room it
+  nominated is held for that gang, and the victims leave ``reclaim_grace`` seconds later (their
+  eviction succeeds at once). The clock stops at every moment the ledger says something is due:
+  an eviction, or a hold that ends (room given back counts as freed). A victim that was asked to
   leave checkpoints first when workers act on notices (``checkpoint_on_notice``); otherwise its
   gang rolls back to its last periodic checkpoint, and that work is counted as lost to reclaim.
 """
@@ -43,6 +45,7 @@ from scheduler.cycle import Config, Decision, decide_in_turn
 from scheduler.model import Gang, GangKey, Node, NodeName, PodKey, PodRequest, Resources
 from scheduler.placement.score import Weights
 from scheduler.queue import GangQueue
+from scheduler.reclaim_ledger import ReclaimLedger
 from scheduler.simulate.inputs import JobSpec, SpotEvent
 
 NAMESPACE = "sim"
@@ -51,13 +54,15 @@ _EPS = 1e-6
 #: The policies compared. All run through the same search; only the configuration differs.
 POLICIES: Mapping[str, Config] = {
     "shoal": Config(),
-    # Most-allocated node first, no topology or capacity-type preference.
+    # Most-allocated node first (GPUs only), no topology or capacity-type preference.
     "best-fit": Config(
-        topology_keys=(), weights=Weights(island=0, capacity=0, together=0, tight=1)
+        topology_keys=(),
+        weights=Weights(island=0, capacity=0, together=0, tight=1, strand=0, rest=0),
     ),
     # kube-scheduler's default spreading: least-allocated node first.
     "least-allocated": Config(
-        topology_keys=(), weights=Weights(island=0, capacity=0, together=0, tight=-1)
+        topology_keys=(),
+        weights=Weights(island=0, capacity=0, together=0, tight=-1, strand=0, rest=0),
     ),
 }
 
@@ -293,10 +298,10 @@ class Simulation:
         }
         self.active: dict[str, _Job] = {}
         self.owner = {key: job for job in self.jobs.values() for key in job.pods}
-        #: Reclaim state, as in the live loop: victim -> the gang it leaves for; room held per
-        #: gang until it binds or the hold ends.
-        self.victims: dict[PodKey, GangKey] = {}
-        self.held: dict[GangKey, tuple[tuple[tuple[NodeName, Resources], ...], float]] = {}
+        #: Reclaim state, the live loop's: victims, when they go, room held per gang.
+        self.reclaims = ReclaimLedger(settings.reclaim_grace, settings.hold_extra)
+        #: Times at which a "reclaim" event is queued (one per instant is enough).
+        self._reclaim_ticks: set[float] = set()
         self._events: list[tuple[float, int, str, Any]] = []
         self._current: tuple[float, int, int, float, int] | None = None
         self._seq = itertools.count()
@@ -307,7 +312,8 @@ class Simulation:
         heapq.heappush(self._events, (when, next(self._seq), kind, data))
 
     def _plan(self, spot: Sequence[SpotEvent]) -> None:
-        spot_nodes = [n for n in self.nodes.values() if n.spot]
+        """Queue the opening events: every node joins at 0 (spot nodes as the trace says when
+        there is one), each job arrives at its submit time, and the first sample."""
         if not spot:
             for name in self.nodes:
                 self._push(0.0, "add", name)
@@ -315,32 +321,38 @@ class Simulation:
             for node in self.nodes.values():
                 if not node.spot:
                     self._push(0.0, "add", node.name)
-            # The trace's instances come and go; each one that joins takes a spot node that is
-            # free at that moment (a slot), and gives it back when it is revoked. Instances that
-            # join while every slot is taken are counted and left out.
-            free = [n.name for n in spot_nodes]
-            holder: dict[str, tuple[NodeName, float]] = {}
-            unmapped: set[str] = set()
-            for event in spot:
-                if event.kind == "add":
-                    if event.node in holder:
-                        continue
-                    if not free:
-                        unmapped.add(event.node)
-                        continue
-                    target = free.pop(0)
-                    holder[event.node] = (target, event.time)
-                    self._push(event.time, "add", target)
-                elif event.node in holder:
-                    target, since = holder.pop(event.node)
-                    notice_at = max(since, event.time - self.settings.notice_seconds)
-                    self._push(notice_at, "notice", (target, event.time))
-                    self._push(event.time, "remove", target)
-                    free.append(target)
-            self.result.spot_nodes_unmapped = len(unmapped)
+            self._plan_spot(spot)
         for job in self.jobs.values():
             self._push(job.spec.submit, "arrive", job.spec.id)
         self._push(0.0, "sample", None)
+
+    def _plan_spot(self, spot: Sequence[SpotEvent]) -> None:
+        """Map the trace's instances onto the spot nodes.
+
+        The trace's instances come and go; each one that joins takes a spot node that is free
+        at that moment (a slot), and gives it back when it is revoked (after its notice).
+        Instances that join while every slot is taken are counted and left out.
+        """
+        free = [n.name for n in self.nodes.values() if n.spot]
+        holder: dict[str, tuple[NodeName, float]] = {}
+        unmapped: set[str] = set()
+        for event in spot:
+            if event.kind == "add":
+                if event.node in holder:
+                    continue
+                if not free:
+                    unmapped.add(event.node)
+                    continue
+                target = free.pop(0)
+                holder[event.node] = (target, event.time)
+                self._push(event.time, "add", target)
+            elif event.node in holder:
+                target, since = holder.pop(event.node)
+                notice_at = max(since, event.time - self.settings.notice_seconds)
+                self._push(notice_at, "notice", (target, event.time))
+                self._push(event.time, "remove", target)
+                free.append(target)
+        self.result.spot_nodes_unmapped = len(unmapped)
 
     # -- the clock ---------------------------------------------------------------------------
     def run(self) -> Result:
@@ -366,6 +378,7 @@ class Simulation:
                 # Like the live scheduler: gangs backing off are retried when room may have
                 # been freed; a new gang is tried at once either way.
                 self._schedule(now, wake=freed)
+            self._wake_for_reclaim(now)
             self._observe(now, sample=sample)
             if not self.active and all(j.finished is not None for j in self.jobs.values()):
                 break
@@ -379,44 +392,78 @@ class Simulation:
     def _handle(self, kind: str, data: Any, now: float) -> str:
         """Apply one event; says whether it "freed" room, "arrived" a gang, asks for a
         "sample", or none of these ("")."""
-        if kind == "arrive":
-            job = self.jobs[data]
-            job.last = now
-            self.active[data] = job
-            for pod in job.pods.values():
-                self.cache.set_pod(pod)
-            return "arrived"
-        if kind == "finish":
-            job_id, version = data
-            running = self.active.get(job_id)
-            if running is None or running.version != version:
-                return ""
-            self._advance(running, now)
-            if running.work >= running.spec.duration - _EPS:
-                self._finish(running, now)
-                return "freed"
-            self._reschedule_finish(running, now)
+        match kind:
+            case "arrive":
+                effect = self._on_arrive(data, now)
+            case "finish":
+                effect = self._on_finish(data, now)
+            case "add":
+                effect = self._on_add(data)
+            case "notice":
+                effect = self._on_notice(data, now)
+            case "remove":
+                effect = self._on_remove(data, now)
+            case "reclaim":
+                effect = self._on_reclaim(now)
+            case "sample":
+                effect = self._on_sample(now)
+            case _:
+                raise AssertionError(kind)
+        return effect
+
+    def _on_arrive(self, job_id: str, now: float) -> str:
+        """A job is submitted: its pods enter the cache and its gang becomes active."""
+        job = self.jobs[job_id]
+        job.last = now
+        self.active[job_id] = job
+        for pod in job.pods.values():
+            self.cache.set_pod(pod)
+        return "arrived"
+
+    def _on_finish(self, due: tuple[str, int], now: float) -> str:
+        """A job's finish falls due: frees its room if it has done its work, else (it ran
+        slower than planned) its finish moves later. A stale finish event is ignored."""
+        job_id, version = due
+        running = self.active.get(job_id)
+        if running is None or running.version != version:
             return ""
-        if kind == "add":
-            self.live.add(data)
-            self.cache.set_node(self.nodes[data])
+        self._advance(running, now)
+        if running.work >= running.spec.duration - _EPS:
+            self._finish(running, now)
             return "freed"
-        if kind == "notice":
-            node, removal = data
-            if node in self.live and self.settings.checkpoint_on_notice:
-                self._revoke(node, now, notice=removal - now)
-            return "freed"
-        if kind == "remove":
-            if data in self.live:
-                self._revoke(data, now, notice=0.0, remove=True)
-            return "freed"
-        if kind == "leave":
-            return "freed" if self._leave(data, now) else ""
-        if kind == "sample":
-            if self.active or any(k == "arrive" for _, _, k, _ in self._events):
-                self._push(now + self.settings.sample_every, "sample", None)
-            return "sample"
-        raise AssertionError(kind)
+        self._reschedule_finish(running, now)
+        return ""
+
+    def _on_add(self, node: NodeName) -> str:
+        """A node joins: room appears."""
+        self.live.add(node)
+        self.cache.set_node(self.nodes[node])
+        return "freed"
+
+    def _on_notice(self, notice: tuple[NodeName, float], now: float) -> str:
+        """A spot node will be removed at the given time: its pods checkpoint and leave now,
+        when the settings say workers act on notices."""
+        node, removal = notice
+        if node in self.live and self.settings.checkpoint_on_notice:
+            self._revoke(node, now, notice=removal - now)
+        return "freed"
+
+    def _on_remove(self, node: NodeName, now: float) -> str:
+        """A node is gone, with whatever still ran on it."""
+        if node in self.live:
+            self._revoke(node, now, notice=0.0, remove=True)
+        return "freed"
+
+    def _on_reclaim(self, now: float) -> str:
+        """Reclaim work may be due: holds that ended, victims to evict."""
+        self._reclaim_ticks.discard(now)
+        return "freed" if self._reclaim_due(now) else ""
+
+    def _on_sample(self, now: float) -> str:
+        """Take a sample; the next one is queued while anything is running or still to come."""
+        if self.active or any(k == "arrive" for _, _, k, _ in self._events):
+            self._push(now + self.settings.sample_every, "sample", None)
+        return "sample"
 
     # -- scheduling --------------------------------------------------------------------------
     def _schedule(self, now: float, *, wake: bool) -> None:
@@ -424,12 +471,9 @@ class Simulation:
             self.queue.wake()
         while True:
             gangs = [job.gang() for job in self.active.values()]
-            self._expire_holds(now)
-            leaving: dict[GangKey, int] = {}
-            for target in self.victims.values():
-                leaving[target] = leaving.get(target, 0) + 1
-            reserved = {k: held for k, (held, _) in self.held.items()}
             snapshot = self.cache.snapshot()
+            leaving = self.reclaims.update(gangs, snapshot.pods, now).leaving
+            reserved = self.reclaims.reserved()
             started = time.perf_counter()
             # The live loop's decisions, one per snapshot: cycles cost no virtual time, so
             # there is nothing to amortise by deciding several gangs on one snapshot.
@@ -451,25 +495,34 @@ class Simulation:
                 )
                 self._apply(decision, view, now)
 
-    def _expire_holds(self, now: float) -> None:
-        for key, (_, until) in list(self.held.items()):
-            job = self.active.get(key.split("/", 1)[1])
-            if job is None or job.running or until <= now:
-                del self.held[key]
-
     def _reclaim(self, decision: Decision, now: float) -> None:
         """Hold the nominated room for the gang and ask the victims to leave after the grace."""
         gang = decision.gang
-        leave_by = now + self.settings.reclaim_grace
         members = {p.key: p for p in gang.members}
-        self.held[gang.key] = (
-            tuple((a.node, members[a.pod].requests) for a in decision.nominated),
-            leave_by + self.settings.hold_extra,
+        self.reclaims.chosen(
+            gang.key,
+            decision.victims,
+            ((a.node, members[a.pod].requests) for a in decision.nominated),
+            now,
         )
-        for key in decision.victims:
-            if key not in self.victims:
-                self.victims[key] = gang.key
-                self._push(leave_by, "leave", key)
+
+    def _reclaim_due(self, now: float) -> bool:
+        """Give up the holds that ended and evict the victims that are due, as the live loop
+        does each cycle; says whether room was freed."""
+        gangs = [job.gang() for job in self.active.values()]
+        pods = self.cache.snapshot().pods
+        freed = bool(self.reclaims.update(gangs, pods, now).expired)
+        for key in self.reclaims.due(pods, now):
+            freed |= self._leave(key, now)
+            self.reclaims.evicted(key)
+        return freed
+
+    def _wake_for_reclaim(self, now: float) -> None:
+        """Stop the clock when the reclaim ledger next has something due."""
+        due = self.reclaims.next_due()
+        if due is not None and due >= now and due not in self._reclaim_ticks:
+            self._reclaim_ticks.add(due)
+            self._push(due, "reclaim", None)
 
     def _apply(self, decision: Decision, snapshot: Snapshot, now: float) -> None:
         job = self.active[decision.gang.name]
@@ -482,8 +535,7 @@ class Simulation:
             job.bound_count += 1
             self.cache.set_pod(pod)
         job.changed()
-        if job.running:
-            self.held.pop(job.key, None)
+        self.reclaims.placed(job.key)
         if job.spec.min_pods >= 2 and decision.min_count and not job.rack_measured:
             job.rack_measured = True
             quorum = [a.node for a in decision.bindings[: decision.min_count]]
@@ -530,7 +582,6 @@ class Simulation:
     def _finish(self, job: _Job, now: float) -> None:
         job.finished = now
         for key in job.pods:
-            self.victims.pop(key, None)
             self.cache.remove_pod(key)
         del self.active[job.spec.id]
         self.queue.prune(j.key for j in self.active.values())
@@ -574,7 +625,6 @@ class Simulation:
 
     def _leave(self, key: PodKey, now: float) -> bool:
         """A reclaimed member leaves; says whether it freed room (it was still bound)."""
-        self.victims.pop(key, None)
         job = self.owner[key]
         if job.finished is not None or job.pods[key].node is None:
             return False
@@ -604,7 +654,6 @@ class Simulation:
         return len(self.result.revocations) - 1
 
     def _unbind(self, job: _Job, key: PodKey) -> None:
-        self.victims.pop(key, None)  # a victim that goes for another reason has left
         pod = dataclasses.replace(job.pods[key], node=None)
         job.pods[key] = pod
         job.bound_count -= 1

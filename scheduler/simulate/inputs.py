@@ -29,7 +29,7 @@ import csv
 import datetime as dt
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -204,70 +204,94 @@ def load_jobs(
 def _rows(
     reader: csv.DictReader[str], header: set[str], path: Path, node_gpus: int
 ) -> Iterator[JobSpec]:
+    """Each row as a job, read as the trace format its columns name (tried in the order of
+    :data:`_TRACE_FORMATS`). Unknown columns are refused at the first row, so an empty trace
+    reads as no jobs."""
+    read = next((read for columns, read in _TRACE_FORMATS if columns <= header), None)
     for n, row in enumerate(reader, 2):
-        where = f"{path}:{n}"
-        if {"timestamp", "duration", "num_gpus"} <= header:  # Philly (Pollux preparation)
-            try:
-                when = dt.datetime.fromisoformat(row["timestamp"]).replace(tzinfo=dt.UTC)
-            except ValueError as exc:
-                raise InputError(f"{where}: bad timestamp {row['timestamp']!r}") from exc
-            yield elastic(
-                f"philly-{n - 1}",
-                when.timestamp(),
-                _float(row["duration"], where),
-                _int(row["num_gpus"], where),
-                node_gpus,
-            )
-        elif {"job_id", "num_gpu", "submit_time", "duration"} <= header:  # Tiresias
-            yield elastic(
-                f"tiresias-{row['job_id']}",
-                _float(row["submit_time"], where),
-                _float(row["duration"], where),
-                _int(row["num_gpu"], where),
-                node_gpus,
-            )
-        elif {"name", "time", "application", "num_replicas"} <= header:  # Pollux workload
-            app = row["application"]
-            if app not in POLLUX_DURATIONS:
-                raise InputError(
-                    f"{where}: unknown application {app!r}; known: {sorted(POLLUX_DURATIONS)}"
-                )
-            replicas = _int(row["num_replicas"], where)
-            if replicas < 1:
-                raise InputError(f"{where}: num_replicas must be at least 1, got {replicas}")
-            yield JobSpec(
-                f"pollux-{row['name']}",
-                _float(row["time"], where),
-                POLLUX_DURATIONS[app],
-                1,
-                math.ceil(replicas / 2),
-                replicas,
-            )
-        elif {"submit", "duration", "gpus"} <= header:  # native
-            base = elastic(
-                f"job-{n - 1}",
-                _float(row["submit"], where),
-                _float(row["duration"], where),
-                _int(row["gpus"], where),
-                node_gpus,
-            )
-            min_pods = _int(row.get("min_pods") or str(base.min_pods), where)
-            max_pods = _int(row.get("max_pods") or str(base.max_pods), where)
-            if not 1 <= min_pods <= max_pods:
-                raise InputError(
-                    f"{where}: need 1 <= min_pods <= max_pods, got {min_pods}, {max_pods}"
-                )
-            yield JobSpec(
-                base.id,
-                base.submit,
-                base.duration,
-                base.pod_gpus,
-                min_pods,
-                max_pods,
-                _int(row.get("priority") or "0", where),
-            )
-        else:
+        if read is None:
             raise InputError(f"{path}: unknown job trace columns {sorted(header)}")
+        yield read(row, n, f"{path}:{n}", node_gpus)
+
+
+def _philly(row: Mapping[str, str], line: int, where: str, node_gpus: int) -> JobSpec:
+    """The Philly trace as prepared for Pollux: an ISO timestamp and a GPU count."""
+    try:
+        when = dt.datetime.fromisoformat(row["timestamp"]).replace(tzinfo=dt.UTC)
+    except ValueError as exc:
+        raise InputError(f"{where}: bad timestamp {row['timestamp']!r}") from exc
+    return elastic(
+        f"philly-{line - 1}",
+        when.timestamp(),
+        _float(row["duration"], where),
+        _int(row["num_gpus"], where),
+        node_gpus,
+    )
+
+
+def _tiresias(row: Mapping[str, str], line: int, where: str, node_gpus: int) -> JobSpec:
+    """The Tiresias job list: its own job ids, submit times in seconds, a GPU count."""
+    return elastic(
+        f"tiresias-{row['job_id']}",
+        _float(row["submit_time"], where),
+        _float(row["duration"], where),
+        _int(row["num_gpu"], where),
+        node_gpus,
+    )
+
+
+def _pollux(row: Mapping[str, str], line: int, where: str, node_gpus: int) -> JobSpec:
+    """A Pollux workload: ``num_replicas`` one-GPU members, run time by application."""
+    app = row["application"]
+    if app not in POLLUX_DURATIONS:
+        raise InputError(f"{where}: unknown application {app!r}; known: {sorted(POLLUX_DURATIONS)}")
+    replicas = _int(row["num_replicas"], where)
+    if replicas < 1:
+        raise InputError(f"{where}: num_replicas must be at least 1, got {replicas}")
+    return JobSpec(
+        f"pollux-{row['name']}",
+        _float(row["time"], where),
+        POLLUX_DURATIONS[app],
+        1,
+        math.ceil(replicas / 2),
+        replicas,
+    )
+
+
+def _native(row: Mapping[str, str], line: int, where: str, node_gpus: int) -> JobSpec:
+    """The native format: the elastic rule unless the row gives min/max pods; a priority."""
+    base = elastic(
+        f"job-{line - 1}",
+        _float(row["submit"], where),
+        _float(row["duration"], where),
+        _int(row["gpus"], where),
+        node_gpus,
+    )
+    min_pods = _int(row.get("min_pods") or str(base.min_pods), where)
+    max_pods = _int(row.get("max_pods") or str(base.max_pods), where)
+    if not 1 <= min_pods <= max_pods:
+        raise InputError(f"{where}: need 1 <= min_pods <= max_pods, got {min_pods}, {max_pods}")
+    return JobSpec(
+        base.id,
+        base.submit,
+        base.duration,
+        base.pod_gpus,
+        min_pods,
+        max_pods,
+        _int(row.get("priority") or "0", where),
+    )
+
+
+#: Reads one row of a job trace: the row, its line number, "file:line", GPUs per node.
+_RowReader = Callable[[Mapping[str, str], int, str, int], JobSpec]
+
+#: The job trace formats by the columns that identify them, tried in this order.
+_TRACE_FORMATS: tuple[tuple[frozenset[str], _RowReader], ...] = (
+    (frozenset({"timestamp", "duration", "num_gpus"}), _philly),
+    (frozenset({"job_id", "num_gpu", "submit_time", "duration"}), _tiresias),
+    (frozenset({"name", "time", "application", "num_replicas"}), _pollux),
+    (frozenset({"submit", "duration", "gpus"}), _native),
+)
 
 
 def load_spot(path: Path) -> list[SpotEvent]:

@@ -60,20 +60,25 @@ def table(results: Sequence[Result]) -> str:
 
 
 def _cell(value: object, unit: str) -> str:
+    """One table cell: "-" for no value, seconds in a readable unit, floats rounded."""
     if value is None:
         return "-"
     if unit == "s" and isinstance(value, int | float):
-        seconds = float(value)
-        if seconds >= 2 * 86400:
-            return f"{seconds / 86400:.1f} d"
-        if seconds >= 2 * 3600:
-            return f"{seconds / 3600:.1f} h"
-        if seconds >= 120:
-            return f"{seconds / 60:.0f} min"
-        return f"{seconds:.0f} s"
+        return _duration(float(value))
     if isinstance(value, float):
         return f"{value:.2f}" if abs(value) < 100 else f"{value:,.0f}"
     return str(value)
+
+
+def _duration(seconds: float) -> str:
+    """Seconds in the largest unit that still reads as two or more of it (days, hours, minutes)."""
+    if seconds >= 2 * 86400:
+        return f"{seconds / 86400:.1f} d"
+    if seconds >= 2 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 120:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"
 
 
 def _plots(results: Sequence[Result], out: Path) -> list[Path]:

@@ -17,9 +17,9 @@ import pytest
 from kubernetes import client
 
 from devcluster import cluster, nodes
+from fakes import metadata
+from fakes.clouds import Aws
 from nodeagent.client import PodIdentity
-from nodeagent.testing import metadata
-from nodeagent.testing.clouds import Aws
 from tests import figures
 from tests.integration.conftest import Devcluster
 from tests.integration.nodeagent.harness import AgentProcess, Worker, release, taint, worker_pod
@@ -31,7 +31,8 @@ from tests.integration.reliability.owncluster import (
     metrics,
     own_devcluster,
 )
-from tests.integration.scheduler.conftest import Pods, Pool, SchedulerProcess, eventually
+from tests.integration.scheduler.conftest import Pods, Pool, SchedulerProcess
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.reliability
 

@@ -33,7 +33,8 @@ from kubernetes.client.exceptions import ApiException
 from contracts import names
 from scheduler.k8s import lease
 from tests import figures
-from tests.integration.scheduler.conftest import Pods, Pool, SchedulerProcess, eventually
+from tests.integration.scheduler.conftest import Pods, Pool, SchedulerProcess
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.reliability
 

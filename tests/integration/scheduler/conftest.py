@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,10 +24,12 @@ from kubernetes.client.exceptions import ApiException
 from contracts import gputopology, names
 from devcluster import nodes
 from tests.integration.conftest import Devcluster
+from tests.waiting import eventually
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[3]
 CRD = ROOT / "manifests" / "crds" / "scheduling.x-k8s.io_podgroups.yaml"
+VOLCANO_CRD = Path(__file__).with_name("crds") / "scheduling.volcano.sh_podgroups.yaml"
 TEST_LABEL = "shoal.dev/test-pool"
 KWOK_TOLERATION = {
     "key": names.KWOK_TAINT,
@@ -38,30 +39,31 @@ KWOK_TOLERATION = {
 }
 
 
-def eventually(
-    probe: Callable[[], T | None], *, timeout: float = 90, interval: float = 0.25, what: str = ""
-) -> T:
-    """Poll ``probe`` every ``interval`` s until it returns something truthy; fail naming
-    ``what`` otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
+@pytest.fixture(scope="session")
+def pod_group_crd(devcluster: Devcluster) -> None:
+    """The PodGroup CRD as scheduler-plugins publishes it (our copy is that file, see
+    ``tests/unit/scheduler/test_pod_group_crd.py``), replacing any other version installed."""
+    apply_crd(devcluster, CRD)
 
 
 @pytest.fixture(scope="session")
-def pod_group_crd(devcluster: Devcluster) -> None:
+def volcano_crd(devcluster: Devcluster) -> None:
+    """Volcano's PodGroup CRD as Volcano publishes it."""
+    apply_crd(devcluster, VOLCANO_CRD)
+
+
+def apply_crd(devcluster: Devcluster, path: Path) -> None:
+    """Create the CRD in ``path``, or replace the one installed, and wait until it serves."""
     ext = client.ApiextensionsV1Api(devcluster.api)
-    body = yaml.safe_load(CRD.read_text())
+    body = yaml.safe_load(path.read_text())
     try:
         ext.create_custom_resource_definition(body)
     except ApiException as exc:
         if exc.status != 409:
             raise
+        current = ext.read_custom_resource_definition(body["metadata"]["name"])
+        body["metadata"]["resourceVersion"] = current.metadata.resource_version
+        ext.replace_custom_resource_definition(body["metadata"]["name"], body)
 
     def established() -> bool:
         crd = ext.read_custom_resource_definition(body["metadata"]["name"])
@@ -69,7 +71,7 @@ def pod_group_crd(devcluster: Devcluster) -> None:
             c.type == "Established" and c.status == "True" for c in crd.status.conditions or []
         )
 
-    eventually(established, what="the PodGroup CRD to be established")
+    eventually(established, what=f"the CRD {body['metadata']['name']} to be established")
 
 
 def ensure_priority_class(devcluster: Devcluster, name: str, value: int) -> None:

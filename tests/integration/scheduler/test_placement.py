@@ -5,13 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from contracts import names
-from tests.integration.scheduler.conftest import (
-    Pods,
-    Pool,
-    SchedulerProcess,
-    ensure_priority_class,
-    eventually,
-)
+from tests.integration.scheduler.conftest import Pods, Pool, SchedulerProcess, ensure_priority_class
+from tests.waiting import eventually
 
 
 def test_elastic_gang_gets_its_minimum_then_grows_when_nodes_are_added(

@@ -10,7 +10,8 @@ import pytest
 from kubernetes import client
 
 from contracts import names
-from tests.integration.scheduler.conftest import Pods, Pool, SchedulerProcess, eventually
+from tests.integration.scheduler.conftest import Pods, Pool, SchedulerProcess
+from tests.waiting import eventually
 
 
 def _gpus(pod: Any) -> int:
@@ -95,7 +96,15 @@ def test_pod_group_gang_waits_for_its_group_then_reports_status(
     message = eventually(lambda: _condition_message(pods, members[0]), what="a condition")
     assert "PodGroup" in message
     assert "does not exist yet" in message
-    assert pods.bound(members) == {}
+    assert pods.condition(members[0]).reason == "PodGroupNotFound"
+    assert pods.condition(members[0]).status == "False"
+    told = eventually(
+        lambda: [e for e in pods.events(members[0]) if e.reason == "PodGroupNotFound"],
+        what="a PodGroupNotFound Event",
+    )
+    assert told[0].type == "Warning"
+    assert f"PodGroup {namespace}/train" in told[0].message
+    assert pods.bound(members) == {}  # no member runs alone meanwhile
 
     custom.create_namespaced_custom_object(
         "scheduling.x-k8s.io",
@@ -119,12 +128,11 @@ def test_pod_group_gang_waits_for_its_group_then_reports_status(
         return found if found.get("phase") == "Running" else None
 
     found = eventually(status, what="PodGroup status Running")
-    assert found["scheduled"] == 2
-    assert found["running"] == 2
+    assert (found["running"], found["succeeded"], found["failed"]) == (2, 0, 0)
 
 
 @pytest.mark.usefixtures("pod_group_crd")
-def test_pod_group_with_a_bad_minimum_gets_a_warning_event(
+def test_pod_group_with_a_bad_size_gets_a_warning_event(
     pool: Pool,
     pods: Pods,
     start_scheduler: Callable[..., SchedulerProcess],
@@ -132,7 +140,7 @@ def test_pod_group_with_a_bad_minimum_gets_a_warning_event(
     pool.add(1, gpus=8)
     custom = client.CustomObjectsApi(pods.devcluster.api)
     namespace = pods.namespace
-    custom.create_namespaced_custom_object(
+    created = custom.create_namespaced_custom_object(
         "scheduling.x-k8s.io",
         "v1alpha1",
         namespace,
@@ -140,8 +148,10 @@ def test_pod_group_with_a_bad_minimum_gets_a_warning_event(
         {
             "apiVersion": "scheduling.x-k8s.io/v1alpha1",
             "kind": "PodGroup",
-            "metadata": {"name": "zero"},
-            "spec": {"minMember": 0},
+            # The published schema refuses a minMember below 1; a maximum below it is Shoal's
+            # to refuse.
+            "metadata": {"name": "zero", "annotations": {names.MAX_MEMBER_ANNOTATION: "1"}},
+            "spec": {"minMember": 2},
         },
     )
     member = pods.create("zero-0", labels={names.POD_GROUP_LABEL: "zero"})
@@ -154,7 +164,9 @@ def test_pod_group_with_a_bad_minimum_gets_a_warning_event(
 
     warnings = eventually(group_warning, what="a Warning Event on the PodGroup")
     assert warnings[0].involved_object.kind == "PodGroup"
-    assert "spec.minMember: must be at least 1, got 0" in warnings[0].message
+    # kubectl describe podgroup selects Events by the object's uid too.
+    assert warnings[0].involved_object.uid == created["metadata"]["uid"]
+    assert "max-member (1) is smaller than the minimum (2)" in warnings[0].message
     assert pods.node_of(member) is None
 
 

@@ -86,6 +86,18 @@ def test_pod_conversion_reads_what_the_scheduler_needs() -> None:
     assert pod.tolerations[0].operator == "Exists"
 
 
+def test_pod_group_conversion_reads_the_stored_phase_and_start_time() -> None:
+    raw = {
+        "metadata": {"namespace": "ns", "name": "g", "uid": "u"},
+        "spec": {"minMember": 2},
+        "status": {"phase": "Running", "scheduleStartTime": "2026-11-30T10:00:00Z"},
+    }
+    group = convert.pod_group(raw)
+    assert (group.phase, group.schedule_start) == ("Running", 1796032800.0)
+    bare = convert.pod_group({"metadata": {"name": "g"}, "spec": {}})
+    assert (bare.phase, bare.schedule_start) == ("", None)
+
+
 def test_node_with_a_broken_topology_annotation_is_read_count_only_and_reported() -> None:
     raw = {
         "metadata": {

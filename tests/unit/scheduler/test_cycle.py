@@ -185,6 +185,8 @@ def test_gang_short_of_its_minimum_binds_nothing_and_plain_pods_still_schedule()
     assert first.bindings == ()
     assert first.unschedulable is not None
     assert "has 1 of the 3 members its minimum needs" in first.unschedulable.message()
+    assert "waiting for 2 more" in first.unschedulable.message()
+    assert "nodes are available" not in first.unschedulable.message()  # no node was tried
     assert bound(cycle(snap, queue)) == {"plain": "n0"}
 
 

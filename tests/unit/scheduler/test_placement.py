@@ -227,3 +227,54 @@ def test_topology_preferred_label_is_tried_first() -> None:
     result = place(request(gang, preferred="example.com/pod"), snapshot(nodes).nodes)
     assert isinstance(result, Placement)
     assert result.domains["example.com/pod"] == 1
+
+
+def test_a_cpu_only_pod_uses_cpu_beside_busy_gpus_not_the_cpu_free_gpus_need() -> None:
+    # Node "a-idle" sorts first by name and has every GPU free; "b-busy" has all 8 GPUs taken
+    # by 1-GPU pods of 2 CPUs each, so 16 of its 32 CPUs are idle.
+    busy = [
+        pod(f"w{i}", gpus=1, cpu_milli=2000, node="b-busy", namespace="other") for i in range(8)
+    ]
+    nodes = [node("a-idle", cpu=32), node("b-busy", cpu=32)]
+    snap = snapshot(nodes, busy)
+    batch = pod("batch", gpus=0, cpu_milli=12_000)
+    assert placed(place(request([batch]), snap.nodes)) == {"batch": "b-busy"}
+    # So an 8-GPU pod that needs 24 CPUs still finds a home afterwards.
+    snap = snapshot(nodes, [*busy, replace(batch, node=NodeName("b-busy"))])
+    trainer = pod("trainer", gpus=8, cpu_milli=24_000)
+    assert placed(place(request([trainer]), snap.nodes)) == {"trainer": "a-idle"}
+
+
+def test_equal_nodes_are_not_chosen_by_name_order() -> None:
+    nodes = [node(f"n{i:02d}", gpus=8) for i in range(12)]
+    snap = snapshot(nodes)
+    chosen = {
+        placed(place(request([pod(f"p{i}", gpus=8)]), snap.nodes))[f"p{i}"] for i in range(12)
+    }
+    # Twelve different pods each alone on twelve equal nodes: by name, every one would take n00.
+    assert len(chosen) > 1
+
+
+def test_members_that_each_fit_but_not_together_get_per_node_reasons() -> None:
+    snap = snapshot([node("a", gpus=8), node("b", gpus=8), node("c", gpus=8)])
+    pods = [pod(f"m{i}", gpus=8, gang="g") for i in range(4)]
+    result = place(request(pods), snap.nodes)
+    assert isinstance(result, Unschedulable)
+    assert result.message() == (
+        "only 3 of the 4 member(s) fit at once; 0/3 nodes are available: "
+        "3 Insufficient nvidia.com/gpu."
+    )
+
+
+def test_a_member_that_fits_only_some_nodes_names_why_the_others_refuse_it() -> None:
+    snap = snapshot([node("a", gpus=8), node("b", gpus=8)])
+    pods = [
+        pod(f"m{i}", gpus=8, gang="g", node_selector={"kubernetes.io/hostname": "a"})
+        for i in range(2)
+    ]
+    result = place(request(pods), snap.nodes)
+    assert isinstance(result, Unschedulable)
+    assert result.message() == (
+        "only 1 of the 2 member(s) fit at once; 0/2 nodes are available: "
+        f"1 Insufficient nvidia.com/gpu, 1 {filters.SELECTOR}."
+    )

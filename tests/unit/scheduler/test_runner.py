@@ -3,6 +3,7 @@ assume before bind, forget on failure, reclaim notice then eviction at the deadl
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field, replace
@@ -10,7 +11,17 @@ from typing import Any, ParamSpec, TypeVar
 
 from contracts import names
 from scheduler.cache import Cache
-from scheduler.model import Gang, GangKey, InvalidGang, NodeName, PodKey, PodRequest
+from scheduler.gang.group_status import GroupStatus
+from scheduler.model import (
+    Gang,
+    GangKey,
+    InvalidGang,
+    NodeName,
+    PodGroup,
+    PodKey,
+    PodPhase,
+    PodRequest,
+)
 from scheduler.runner import Runner, Settings
 from tests.unit.scheduler.builders import SCHED, node, pod
 
@@ -39,6 +50,9 @@ class Recorder:
     messages: dict[str, str] = field(default_factory=dict)
     invalid_seen: list[str] = field(default_factory=list)
     nominations: dict[str, str] = field(default_factory=dict)
+    torn_seen: list[tuple[str, int, float]] = field(default_factory=list)
+    released_seen: list[str] = field(default_factory=list)
+    statuses: dict[str, list[GroupStatus]] = field(default_factory=dict)
 
     # Binder
     def bind(self, pod: PodRequest, node: NodeName) -> str | None:
@@ -56,7 +70,9 @@ class Recorder:
         return None
 
     # Reporter
-    def unschedulable(self, gang: Gang, pods: Sequence[PodRequest], message: str) -> None:
+    def unschedulable(
+        self, gang: Gang, pods: Sequence[PodRequest], message: str, *, waiting: bool = False
+    ) -> None:
         self.messages[gang.name] = message
         for p in pods:
             self.messages[p.name] = message
@@ -76,8 +92,16 @@ class Recorder:
     def invalid(self, gang: InvalidGang) -> None:
         self.invalid_seen.append(gang.message)
 
-    def gang_status(self, gang: Gang) -> None:
-        pass
+    def group_status(self, group: PodGroup, status: GroupStatus) -> None:
+        self.statuses.setdefault(group.name, []).append(status)
+
+    def gang_status(self, gang: Gang) -> None: ...
+
+    def torn(self, gang: Gang, release_at: float) -> None:
+        self.torn_seen.append((gang.name, len(gang.bound), release_at))
+
+    def released(self, gang: Gang, since: float) -> None:
+        self.released_seen.append(gang.name)
 
 
 @dataclass
@@ -154,6 +178,34 @@ def test_reclaimed_pod_gets_its_notice_then_is_evicted_at_the_deadline() -> None
     assert recorder.bound == [("w", "n1")]
 
 
+def test_a_victim_that_takes_its_time_to_terminate_does_not_keep_the_loop_busy() -> None:
+    cache = Cache()
+    for i in range(2):
+        cache.set_node(node(f"n{i}"))
+    for i in range(2):
+        cache.set_pod(
+            pod(f"e{i}", gpus=8, gang="e", min_member="1", max_member="2", node=f"n{i}", created=i)
+        )
+    cache.set_pod(pod("w", gpus=8, created=10))
+    recorder = Recorder()
+    clock = Clock()
+    loop = runner(cache, recorder, clock, reclaim_grace=30.0, hold_extra=120.0)
+    loop.run_once()
+    clock.now += 30
+    loop.run_once()
+    assert recorder.evicted == ["e1"]
+    # The eviction was accepted; the pod terminates for a while. With nothing else to do, the
+    # loop sleeps until the waiting gang's backoff ends, not until a deadline already past.
+    e1 = pod("e1", gpus=8, gang="e", min_member="1", max_member="2", node="n1", created=1)
+    cache.set_pod(replace(e1, deleting=True))
+    clock.now += 0.5
+    decision, next_at = loop.run_once()
+    assert decision is None
+    assert next_at is not None
+    assert next_at > clock.now
+    assert recorder.evicted == ["e1"]
+
+
 def test_invalid_gangs_are_reported_and_do_not_stop_the_others() -> None:
     cache = Cache()
     cache.set_node(node("n0"))
@@ -218,3 +270,197 @@ def test_a_failed_binding_backs_its_gang_off_instead_of_retrying_at_once() -> No
     clock.now += 1.0
     loop.run_once()
     assert recorder.bound == [("a", "n0")]
+
+
+def _torn_gang(cache: Cache, *, bound: int, min_member: int) -> None:
+    for i in range(bound):
+        cache.set_node(node(f"n{i}", gpus=8))
+        cache.set_pod(
+            pod(f"t{i}", gpus=8, gang="t", min_member=str(min_member), node=f"n{i}", created=i)
+        )
+
+
+def test_torn_gang_with_no_member_to_complete_it_is_told_then_released_after_the_grace() -> None:
+    cache = Cache()
+    _torn_gang(cache, bound=6, min_member=8)  # two members were deleted before they bound
+    recorder = Recorder()
+    clock = Clock()
+    loop = runner(cache, recorder, clock, torn_grace=60.0)
+    decision, next_at = loop.run_once()
+    assert decision is None
+    assert recorder.torn_seen == [("t", 6, clock.now + 60.0)]
+    assert next_at == clock.now + 60.0  # the loop wakes for the release
+    clock.now += 59
+    loop.run_once()
+    assert recorder.evicted == []
+    clock.now += 1
+    loop.run_once()
+    assert recorder.released_seen == ["t"]
+    assert sorted(recorder.evicted) == [f"t{i}" for i in range(6)]
+    assert len(recorder.torn_seen) == 1  # told once, not every cycle
+
+
+def test_torn_gang_completed_within_the_grace_is_not_released() -> None:
+    cache = Cache()
+    _torn_gang(cache, bound=2, min_member=3)
+    cache.set_node(node("n9", gpus=8))
+    recorder = Recorder()
+    clock = Clock()
+    loop = runner(cache, recorder, clock, torn_grace=60.0)
+    loop.run_once()
+    assert [t[0] for t in recorder.torn_seen] == ["t"]
+    replacement = pod("t9", gpus=8, gang="t", min_member="3", created=9)
+    cache.set_pod(replacement)
+    clock.now += 10
+    decision, _ = loop.run_once()
+    assert decision is not None
+    assert recorder.bound == [("t9", "n9")]
+    cache.set_pod(replace(replacement, node=NodeName("n9")))  # the API server confirms it
+    clock.now += 120
+    loop.run_once()
+    assert recorder.evicted == []
+    assert recorder.released_seen == []
+
+
+def test_a_finishing_gang_is_not_torn() -> None:
+    cache = Cache()
+    _torn_gang(cache, bound=2, min_member=3)
+    done = pod("t9", gpus=8, gang="t", min_member="3", node="n0", created=9)
+    cache.set_pod(replace(done, phase=PodPhase.SUCCEEDED))
+    recorder = Recorder()
+    clock = Clock()
+    loop = runner(cache, recorder, clock, torn_grace=1.0)
+    loop.run_once()
+    clock.now += 10
+    loop.run_once()
+    assert recorder.torn_seen == []
+    assert recorder.evicted == []
+
+
+def test_a_node_deleted_after_the_decision_gets_no_binding() -> None:
+    cache = Cache()
+    cache.set_node(node("n0", gpus=8))
+    cache.set_pod(pod("a", gpus=8))
+    recorder = Recorder()
+
+    class DeleteFirst(Inline):
+        def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+            cache.remove_node(NodeName("n0"))  # the node goes while the bind is queued
+            return super().submit(fn, *args, **kwargs)
+
+    loop = Runner(
+        cache,
+        recorder,
+        recorder,
+        Settings(scheduler_name=SCHED),
+        clock=Clock(),
+        executor=DeleteFirst(),
+    )
+    decision, _ = loop.run_once()
+    assert decision is not None
+    assert decision.bindings
+    assert recorder.bound == []
+    assert recorder.messages["a"] == "node n0 no longer exists"
+    assert cache.assumed() == {}
+
+
+def test_a_gang_whose_decision_raises_backs_off_alone_and_the_others_bind(
+    monkeypatch: Any,
+) -> None:
+    from scheduler import cycle
+
+    real = cycle.decide
+
+    def decide(gang: Gang, *args: Any, **kwargs: Any) -> Any:
+        if gang.name == "bad":
+            raise ValueError("invalid literal for int()")
+        return real(gang, *args, **kwargs)
+
+    monkeypatch.setattr(cycle, "decide", decide)
+    cache = Cache()
+    cache.set_node(node("n0", gpus=8))
+    cache.set_pod(pod("b0", gpus=1, gang="bad", created=1))
+    cache.set_pod(pod("g0", gpus=1, gang="good", created=2))
+    recorder = Recorder()
+    loop = runner(cache, recorder, Clock())
+    loop.run_once()
+    assert recorder.bound == [("g0", "n0")]
+    assert "could not decide for gang bad" in recorder.messages["b0"]
+    assert "invalid literal" in recorder.messages["b0"]
+
+
+def test_a_loop_whose_every_cycle_raises_is_reported_stalled(monkeypatch: Any) -> None:
+    cache = Cache()
+    loop = runner(cache, Recorder(), Clock())
+
+    def broken() -> Any:
+        raise RuntimeError("snapshot failed")
+
+    stop = threading.Event()
+    monkeypatch.setattr(cache, "snapshot", broken)
+    loop.completed_at -= 100  # as if the loop had been running for a while
+    thread = threading.Thread(target=loop.run, args=(stop,))
+    thread.start()
+    stop.wait(0.3)
+    assert loop.stalled(60.0) is not None
+    assert "no scheduling cycle has completed" in (loop.stalled(60.0) or "")
+    monkeypatch.undo()
+    loop.wake()
+    deadline = 50
+    while loop.stalled(60.0) is not None and deadline:
+        stop.wait(0.1)
+        deadline -= 1
+    stop.set()
+    loop.wake()
+    thread.join(timeout=10)
+    assert loop.stalled(60.0) is None  # cycles complete again: healthy
+
+
+def test_a_pod_group_status_follows_its_pods_to_finished_and_then_stays() -> None:
+    cache = Cache()
+    cache.set_node(node("n1"))
+    cache.set_pod_group(PodGroup("ns", "train", 3, uid="u1"))
+    members = [pod(f"t{i}", pod_group="train") for i in range(3)]
+    cache.set_pod(members[0])
+    recorder, clock = Recorder(), Clock()
+    loop = runner(cache, recorder, clock)
+
+    def latest() -> GroupStatus:
+        loop.run_once()
+        return recorder.statuses["train"][-1]
+
+    assert latest() == GroupStatus("Pending")
+    for p in members[1:]:
+        cache.set_pod(p)
+    clock.now += 1
+    started = clock.now
+    assert latest() == GroupStatus("Scheduling", schedule_start=started)
+    bound = {name: node_ for name, node_ in recorder.bound}
+    assert len(bound) == 3
+    clock.now += 1
+    for p in members:
+        cache.set_pod(replace(p, node=NodeName(bound[p.name]), phase=PodPhase.RUNNING))
+    assert latest() == GroupStatus("Running", running=3, schedule_start=started)
+    cache.set_pod(replace(members[0], node=NodeName("n1"), phase=PodPhase.SUCCEEDED))
+    assert latest() == GroupStatus("Running", running=2, succeeded=1, schedule_start=started)
+    for p in members[1:]:
+        cache.set_pod(replace(p, node=NodeName("n1"), phase=PodPhase.SUCCEEDED))
+    assert latest() == GroupStatus("Finished", succeeded=3, schedule_start=started)
+    # The API server now shows the final phase: nothing is computed for the group again,
+    # even when its pods go away.
+    written = len(recorder.statuses["train"])
+    cache.set_pod_group(PodGroup("ns", "train", 3, uid="u1", phase="Finished"))
+    for p in members:
+        cache.remove_pod(p.key)
+    loop.run_once()
+    assert len(recorder.statuses["train"]) == written
+
+
+def test_a_pod_group_whose_pods_are_for_another_scheduler_gets_no_status() -> None:
+    cache = Cache()
+    cache.set_node(node("n1"))
+    cache.set_pod_group(PodGroup("ns", "theirs", 1))
+    cache.set_pod(pod("x0", pod_group="theirs", scheduler="default-scheduler"))
+    recorder = Recorder()
+    runner(cache, recorder, Clock()).run_once()
+    assert recorder.statuses == {}

@@ -67,10 +67,17 @@ def test_checkpoint_on_notice_loses_no_work_where_periodic_checkpoints_do(tmp_pa
 
 
 def test_shoal_keeps_a_gang_in_one_rack_where_spreading_does_not(tmp_path: Path) -> None:
-    nodes = inputs.build_nodes(_cluster(tmp_path, count=4, gpus=8, racks_per_zone=2))
-    # A small job takes a corner of rack 0; then a gang of two 8-GPU members arrives. Only
-    # rack 1 can hold it whole; least-allocated takes the emptiest nodes wherever they are.
-    jobs = _jobs(tmp_path, ["0,3600,2,1,1,0", "10,600,16,2,2,0"])
+    path = tmp_path / "cluster.json"
+    # Rack a-rack-0 holds two 8-GPU nodes; the 16-GPU nodes b-0000 and b-0001 are in racks of
+    # their own. A gang of two 8-GPU members fits in one rack either way; least-allocated takes
+    # the two emptiest nodes, which are in different racks.
+    groups = [
+        {"count": 2, "gpus": 8, "prefix": "a"},
+        {"count": 2, "gpus": 16, "racks_per_zone": 2, "prefix": "b"},
+    ]
+    path.write_text(json.dumps({"node_groups": groups}))
+    nodes = inputs.build_nodes(inputs.load_cluster(path))
+    jobs = _jobs(tmp_path, ["0,600,16,2,2,0"])
     shoal = engine.Simulation(nodes, jobs, [], "shoal").run().summary()
     spread = engine.Simulation(nodes, jobs, [], "least-allocated").run().summary()
     assert shoal["gangs_in_one_rack"] == 1.0
@@ -273,6 +280,7 @@ def test_the_simulator_uses_the_live_cycle_and_placement_functions(
     assert vars(engine)["decide_in_turn"] is vars(runner)["decide_in_turn"] is cycle.decide_in_turn
     assert vars(cycle)["place"] is search.place
     assert vars(engine)["topology"] is topology
+    assert vars(engine)["ReclaimLedger"] is vars(runner)["ReclaimLedger"]
     # And they are what runs: spy on the live modules' placement search and reclaim planner.
     calls: dict[str, int] = {"place": 0, "plan": 0}
     real_place, real_plan = search.place, reclaim.plan

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from types import SimpleNamespace
 from typing import Any
 
+from scheduler.gang.group_status import GroupStatus
 from scheduler.k8s.client import ApiError, TokenBucket
 from scheduler.k8s.status import ApiReporter
-from scheduler.model import Gang, GangKey
+from scheduler.model import Gang, GangKey, PodGroup
 from tests.unit.scheduler.builders import SCHED, pod
 
 
@@ -72,5 +74,97 @@ def test_a_failed_write_is_sent_again_and_a_sent_one_is_not() -> None:
     reporter.unschedulable(gang, [member], "no room")  # now told: not written a third time
     _settle(reporter)
     assert conditions == ["tried", "tried"]
-    assert len(events) == 2
+    assert len(events) == 1  # the gang's Event landed the first time
+    reporter.close()
+
+
+def test_a_large_gang_gets_one_event_per_reason_per_interval_and_a_condition_per_member() -> None:
+    now = [0.0]
+    reporter = _reporter(event_interval=30.0, clock=lambda: now[0])
+    members = tuple(pod(f"w{i}", gang="big", min_member="2000") for i in range(2000))
+    gang = Gang(
+        key=GangKey("ns/big"),
+        namespace="ns",
+        name="big",
+        min_member=2000,
+        max_member=2000,
+        members=members,
+    )
+    conditions: list[str] = []
+    events: list[tuple[str, str]] = []
+    reporter._pod_condition = lambda pod, *a: conditions.append(pod.name)  # type: ignore[method-assign]
+    reporter._pod_event = lambda pod, kind, reason, message: events.append((pod.name, message))  # type: ignore[method-assign]
+    for cycle in range(20):  # the count changes every cycle, within one interval
+        now[0] = cycle * 1.0
+        reporter.unschedulable(gang, members, f"{cycle} of 2000 members exist")
+    _settle(reporter)
+    assert events == [("w0", "0 of 2000 members exist")]
+    now[0] = 31.0
+    reporter.unschedulable(gang, members, "20 of 2000 members exist")
+    _settle(reporter)
+    assert events[1:] == [("w0", "20 of 2000 members exist")]
+    assert len(set(conditions)) == 2000  # every member says why it waits
+    # ... and learns the newer count at most every 10 s (at 0, 10 and 31 s), not every cycle.
+    assert len(conditions) == 3 * 2000
+    reporter.close()
+
+
+def test_a_gang_waiting_for_members_gets_a_normal_event_and_one_that_does_not_fit_a_warning() -> (
+    None
+):
+    reporter = _reporter()
+    gang, member = _gang()
+    events: list[tuple[str, str]] = []
+    reporter._pod_condition = lambda *a: None  # type: ignore[method-assign]
+    reporter._pod_event = lambda pod, kind, reason, message: events.append((kind, reason))  # type: ignore[method-assign]
+    reporter.unschedulable(gang, [member], "waiting for 1 more member(s)", waiting=True)
+    reporter.unschedulable(gang, [member], "0/4 nodes are available", waiting=False)
+    _settle(reporter)
+    assert sorted(events) == [("Normal", "WaitingForMembers"), ("Warning", "FailedScheduling")]
+    reporter.close()
+
+
+def test_pod_group_status_is_written_once_per_change_on_that_group_only() -> None:
+    reporter = _reporter()
+    writes: list[tuple[str, str, dict[str, Any]]] = []
+    reporter._group_status = lambda ref, uid, body: writes.append((ref, uid, body))  # type: ignore[method-assign,assignment]
+    group = PodGroup("ns", "g", 2, uid="u1")
+    reporter.group_status(group, GroupStatus("Scheduling", schedule_start=0.0))
+    reporter.group_status(group, GroupStatus("Scheduling", schedule_start=0.0))
+    reporter.group_status(group, GroupStatus("Running", running=2, schedule_start=0.0))
+    _settle(reporter)
+    assert [w[2]["phase"] for w in writes] == ["Scheduling", "Running"]
+    assert {w[1] for w in writes} == {"u1"}
+    assert writes[1][2] == {
+        "phase": "Running",
+        "running": 2,
+        "succeeded": 0,
+        "failed": 0,
+        "scheduleStartTime": "1970-01-01T00:00:00Z",
+    }
+    reporter.close()
+
+
+def test_an_older_pod_group_status_never_lands_after_a_newer_one() -> None:
+    reporter = _reporter(workers=4)
+    landed: list[int] = []
+    first_started = threading.Event()
+    release = threading.Event()
+
+    def write(ref: str, uid: str, body: dict[str, Any]) -> None:
+        if not landed and not first_started.is_set():
+            first_started.set()
+            release.wait(5)  # the first write is slow: the later ones are queued meanwhile
+        landed.append(body["running"])
+
+    reporter._group_status = write  # type: ignore[method-assign,assignment]
+    group = PodGroup("ns", "g", 3, uid="u1")
+    reporter.group_status(group, GroupStatus("Scheduling", running=1))
+    assert first_started.wait(5)
+    reporter.group_status(group, GroupStatus("Scheduling", running=2))
+    reporter.group_status(group, GroupStatus("Running", running=3))
+    release.set()
+    _settle(reporter)
+    assert landed[-1] == 3
+    assert landed in ([1, 3], [1, 2, 3])
     reporter.close()

@@ -1,0 +1,197 @@
+"""Reclaim bookkeeping: who was asked to leave for whom, when they go, what room is held. Pure.
+
+:mod:`scheduler.reclaim` decides whom to ask to leave; this ledger remembers it between cycles,
+for the live loop (:mod:`scheduler.runner`) and the simulator (:mod:`scheduler.simulate`) alike.
+Every method takes ``now``; nothing here reads a clock, writes to the API or knows a thread.
+
+Per victim (a bound pod asked to leave so that a gang's minimum fits)::
+
+    chosen(gang, now) or adopted(annotations) --> asked(gang, evict_at)
+    asked --(now >= evict_at, pod bound and not deleting: due())--> evicting
+    evicting --(eviction_failed(now))--> asked(gang, now + retry)
+    evicting --(evicted())--> evicted                       (waits to go; not evicted again)
+    any --(pod gone, unbound or finished)--> forgotten
+
+A victim chosen again (for another gang) is asked again: its gang and ``evict_at`` are the new
+ones. Victims count as *leaving* for their gang until they are forgotten; the cycle chooses no
+new victims for a gang with some still leaving.
+
+Per gang that reclaimed, the room its minimum was nominated on is *held* (charged to every
+other gang) from ``chosen`` until the first of: the gang's decision places members
+(``placed``), the gang is gone, it has met its minimum, or ``now`` reaches ``evict_at +
+hold_extra``.
+
+Victims a previous scheduler instance chose carry ``shoal.dev/reclaimed-for`` (the gang) and
+``shoal.dev/leave-by`` (the eviction time, RFC 3339); a leave-by that cannot be read as a time
+with a zone means "now", never an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from contracts import names
+from contracts.times import parse_time_or
+from scheduler.model import Gang, GangKey, NodeName, PodKey, PodRequest, Resources
+
+#: Room held for one gang: (node, what one member asks) per nominated member.
+Room = tuple[tuple[NodeName, Resources], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    #: The gang the victim leaves for.
+    gang: GangKey
+    #: When it is evicted if it has not left by then.
+    evict_at: float
+    #: Its eviction was accepted: it is terminating and only waits to go.
+    evicted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    room: Room
+    until: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReclaimUpdate:
+    #: Per gang, how many of the victims asked to leave for it are still there.
+    leaving: Mapping[GangKey, int]
+    #: Gangs whose held room was given up on this update.
+    expired: tuple[GangKey, ...] = ()
+
+
+def parse_leave_by(text: str | None, default: float) -> float:
+    """The time in a ``shoal.dev/leave-by`` annotation, or ``default`` when there is none or it
+    is not an RFC 3339 time with a zone (total: it never raises)."""
+    return parse_time_or(text, default)
+
+
+def _gone(pod: PodRequest | None) -> bool:
+    return pod is None or pod.node is None or pod.finished
+
+
+@dataclass(slots=True)
+class ReclaimLedger:
+    """Victims, evictions in flight and held room (see the module's state machines)."""
+
+    #: Seconds between asking a victim to leave and evicting it.
+    grace: float
+    #: Seconds a gang's room stays held beyond its victims' grace.
+    hold_extra: float
+    #: Seconds before a failed eviction is tried again (a PodDisruptionBudget, a conflict).
+    retry: float = 5.0
+    _victims: dict[PodKey, Victim] = field(default_factory=dict)
+    _evicting: set[PodKey] = field(default_factory=set)
+    _held: dict[GangKey, Hold] = field(default_factory=dict)
+
+    # -- decisions ---------------------------------------------------------------------------------
+    def chosen(
+        self,
+        gang: GangKey,
+        victims: Iterable[PodKey],
+        room: Iterable[tuple[NodeName, Resources]],
+        now: float,
+    ) -> float:
+        """``gang``'s minimum fits on ``room`` once ``victims`` leave: hold the room, ask them
+        to leave; returns the time they are evicted (their leave-by)."""
+        leave_by = now + self.grace
+        self._held[gang] = Hold(tuple(room), leave_by + self.hold_extra)
+        for key in victims:
+            self._victims[key] = Victim(gang, leave_by)
+        return leave_by
+
+    def placed(self, gang: GangKey) -> None:
+        """``gang``'s decision placed members: the room held for it is theirs now."""
+        self._held.pop(gang, None)
+
+    # -- each cycle --------------------------------------------------------------------------------
+    def update(
+        self, gangs: Iterable[Gang], pods: Mapping[PodKey, PodRequest], now: float
+    ) -> ReclaimUpdate:
+        """Pick up victims a previous scheduler chose, forget victims that left, give up holds
+        that ended; ``gangs`` are every gang there is, ``pods`` every pod."""
+        alive = {gang.key: gang for gang in gangs}
+        for gang in alive.values():
+            self._adopt(gang, now)
+        for left in [k for k in self._victims if _gone(pods.get(k))]:
+            del self._victims[left]
+        expired = tuple(k for k, hold in self._held.items() if _ended(hold, alive.get(k), now))
+        for ended in expired:
+            del self._held[ended]
+        return ReclaimUpdate(self.leaving(), expired)
+
+    def _adopt(self, gang: Gang, now: float) -> None:
+        for member in gang.bound:
+            target = member.annotations.get(names.RECLAIMED_FOR_ANNOTATION)
+            if target and member.key not in self._victims:
+                notice = member.annotations.get(names.LEAVE_BY_ANNOTATION)
+                self._victims[member.key] = Victim(GangKey(target), parse_leave_by(notice, now))
+
+    def due(self, pods: Mapping[PodKey, PodRequest], now: float) -> tuple[PodKey, ...]:
+        """Victims to evict now (their time has come, they are still bound and not being
+        deleted); they are in flight until :meth:`evicted` or :meth:`eviction_failed`."""
+        due: list[PodKey] = []
+        for key, victim in list(self._victims.items()):
+            pod = pods.get(key)
+            if pod is None or pod.node is None or pod.finished:
+                del self._victims[key]
+                continue
+            if victim.evicted or victim.evict_at > now or pod.deleting:
+                continue
+            if self.start_eviction(key):
+                due.append(key)
+        return tuple(due)
+
+    # -- evictions ---------------------------------------------------------------------------------
+    def start_eviction(self, key: PodKey) -> bool:
+        """Mark ``key`` in flight; ``False`` when it already is (evictions for other reasons,
+        a torn gang's release, go through here too so that no pod is evicted twice at once)."""
+        if key in self._evicting:
+            return False
+        self._evicting.add(key)
+        return True
+
+    def evicted(self, key: PodKey) -> None:
+        """The eviction of ``key`` was accepted: a victim only waits to go now."""
+        self._evicting.discard(key)
+        victim = self._victims.get(key)
+        if victim is not None:
+            self._victims[key] = Victim(victim.gang, victim.evict_at, evicted=True)
+
+    def eviction_failed(self, key: PodKey, now: float) -> None:
+        """The eviction of ``key`` failed: a victim is tried again ``retry`` seconds later."""
+        self._evicting.discard(key)
+        victim = self._victims.get(key)
+        if victim is not None:
+            self._victims[key] = Victim(victim.gang, now + self.retry)
+
+    # -- what the cycle and the clock need ---------------------------------------------------------
+    def leaving(self) -> dict[GangKey, int]:
+        """Per gang, how many victims asked to leave for it are still recorded."""
+        counts: dict[GangKey, int] = {}
+        for victim in self._victims.values():
+            counts[victim.gang] = counts.get(victim.gang, 0) + 1
+        return counts
+
+    def reserved(self) -> dict[GangKey, Room]:
+        """The room held per gang (the cycle charges it to every other gang)."""
+        return {key: hold.room for key, hold in self._held.items()}
+
+    def next_due(self) -> float | None:
+        """The earliest time an eviction falls due or a hold ends (evictions in flight or done
+        are not due: their outcome wakes the loop)."""
+        times = [
+            v.evict_at
+            for key, v in self._victims.items()
+            if not v.evicted and key not in self._evicting
+        ]
+        times.extend(hold.until for hold in self._held.values())
+        return min(times, default=None)
+
+
+def _ended(hold: Hold, gang: Gang | None, now: float) -> bool:
+    """The one rule for a hold: its gang is gone, has met its minimum, or the time is up."""
+    return gang is None or gang.min_missing == 0 or hold.until <= now
