@@ -11,7 +11,7 @@ import warnings
 from pathlib import Path
 
 from devcluster import build as builder
-from devcluster import cluster, versions
+from devcluster import cluster, tools, versions
 from devcluster.errors import DevclusterError, NotRunningError
 
 RUN_DIR_ENV = "SHOAL_DEVCLUSTER_RUN_DIR"
@@ -42,7 +42,11 @@ def parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
 
-    b = sub.add_parser("build", help="build the binaries once into the cache (no-op when cached)")
+    b = sub.add_parser(
+        "build",
+        help="build the binaries (and the tools the tests use, such as helm) once into the cache "
+        "(no-op when cached)",
+    )
     b.add_argument("--force", action="store_true", help="rebuild even when cached")
     b.add_argument("--print-dir", action="store_true", help="print the binary folder and exit 0")
 
@@ -58,6 +62,18 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         default=_env("SHOAL_DEVCLUSTER_KUBE_SCHEDULER", "") == "1",
         help="also run the stock kube-scheduler [env SHOAL_DEVCLUSTER_KUBE_SCHEDULER=1]",
+    )
+    u.add_argument(
+        "--feature-gates",
+        default=_env("SHOAL_DEVCLUSTER_FEATURE_GATES", ""),
+        help="feature gates for every component, e.g. GenericWorkload=true,WorkloadWithJob=true "
+        "[env SHOAL_DEVCLUSTER_FEATURE_GATES]",
+    )
+    u.add_argument(
+        "--runtime-config",
+        default=_env("SHOAL_DEVCLUSTER_RUNTIME_CONFIG", ""),
+        help="the API server's --runtime-config, e.g. scheduling.k8s.io/v1beta1=true "
+        "[env SHOAL_DEVCLUSTER_RUNTIME_CONFIG]",
     )
 
     sub.add_parser("down", help="stop every process `up` started")
@@ -117,19 +133,30 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _run(args: argparse.Namespace) -> int:
+def _build(args: argparse.Namespace) -> int:
+    directory = builder.build(force=args.force)
+    for name in tools.TOOLS:
+        tools.ensure(name)
+    if args.print_dir:
+        print(directory)
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - one return per subcommand
     run_dir: Path = args.run_dir
     if args.command == "build":
-        directory = builder.build(force=args.force)
-        if args.print_dir:
-            print(directory)
-        return 0
+        return _build(args)
     if args.command == "up":
         # The components are meant to outlive this command; Python would otherwise warn that
         # its child processes are still running when it exits.
         warnings.simplefilter("ignore", ResourceWarning)
         bin_dir = builder.build()
-        c = cluster.up(run_dir, bin_dir, cluster.Options(kube_scheduler=args.kube_scheduler))
+        options = cluster.Options(
+            kube_scheduler=args.kube_scheduler,
+            feature_gates=_items(args.feature_gates),
+            runtime_config=_items(args.runtime_config),
+        )
+        c = cluster.up(run_dir, bin_dir, options)
         if args.kubeconfig_out:
             args.kubeconfig_out.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(c.kubeconfig, args.kubeconfig_out)
@@ -215,3 +242,8 @@ def _nodes(args: argparse.Namespace) -> int:
         else "devcluster: no nodes requested"
     )
     return 0
+
+
+def _items(text: str) -> tuple[str, ...]:
+    """``a=true, b=true`` as ``("a=true", "b=true")``."""
+    return tuple(item.strip() for item in text.split(",") if item.strip())

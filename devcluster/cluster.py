@@ -75,6 +75,17 @@ class Options:
     scheduler_qps: int = 5000
     scheduler_burst: int = 5000
     ready_timeout: float = 120.0
+    #: ``Name=true`` feature gates for every component that takes them (API server, controller
+    #: manager, kube-scheduler).
+    feature_gates: tuple[str, ...] = ()
+    #: The API server's ``--runtime-config`` entries, such as ``scheduling.k8s.io/v1beta1=true``.
+    runtime_config: tuple[str, ...] = ()
+
+    def gate_on(self, name: str) -> bool:
+        return f"{name}=true" in {g.replace(" ", "") for g in self.feature_gates}
+
+    def gate_flags(self) -> list[str]:
+        return [f"--feature-gates={','.join(self.feature_gates)}"] if self.feature_gates else []
 
 
 @dataclass(slots=True)
@@ -229,7 +240,7 @@ def up(run_dir: Path, bin_dir: Path, options: Options = Options(), *, say: Say =
         etcd_health = f"http://127.0.0.1:{ports['etcd']}/health"
         _wait("etcd /health", lambda: _get(etcd_health, None) == 200, 30, procs)
 
-        start("kube-apiserver", _apiserver_argv(bin_dir, keys, ports))
+        start("kube-apiserver", _apiserver_argv(bin_dir, keys, ports, options))
         _wait(
             "kube-apiserver /readyz",
             lambda: _get(f"{server}/readyz", tls) == 200,
@@ -354,7 +365,12 @@ def _etcd_argv(bin_dir: Path, run_dir: Path, ports: dict[str, int]) -> list[str]
     ]
 
 
-def _apiserver_argv(bin_dir: Path, keys: pki.Pki, ports: dict[str, int]) -> list[str]:
+def _apiserver_argv(
+    bin_dir: Path, keys: pki.Pki, ports: dict[str, int], options: Options
+) -> list[str]:
+    runtime = (
+        [f"--runtime-config={','.join(options.runtime_config)}"] if options.runtime_config else []
+    )
     return [
         str(bin_dir / "kube-apiserver"),
         f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
@@ -381,6 +397,8 @@ def _apiserver_argv(bin_dir: Path, keys: pki.Pki, ports: dict[str, int]) -> list
         "--allow-privileged=true",
         "--profiling=false",
         "--event-ttl=1h",
+        *options.gate_flags(),
+        *runtime,
         "--v=1",
     ]
 
@@ -397,7 +415,7 @@ def _controller_manager_argv(
         "--bind-address=127.0.0.1",
         f"--secure-port={ports['controller_manager']}",
         "--leader-elect=false",
-        "--controllers=" + ",".join(CONTROLLERS),
+        "--controllers=" + ",".join(_controllers(options)),
         "--use-service-account-credentials=true",
         f"--service-account-private-key-file={keys.sa_private}",
         f"--root-ca-file={keys.ca_cert}",
@@ -405,9 +423,18 @@ def _controller_manager_argv(
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         f"--kube-api-qps={options.controller_qps}",
         f"--kube-api-burst={options.controller_burst}",
+        *options.gate_flags(),
         "--profiling=false",
         "--v=1",
     ]
+
+
+def _controllers(options: Options) -> list[str]:
+    """:data:`CONTROLLERS`, and with workloads on the one that lets PodGroups go: the API server
+    puts its ``scheduling.k8s.io/podgroup-protection`` finalizer on each, and without the
+    controller neither they nor their namespaces ever finish deleting."""
+    extra = ["podgroup-protection-controller"] if options.gate_on("GenericWorkload") else []
+    return [*CONTROLLERS, *extra]
 
 
 def _kwok_argv(bin_dir: Path, run_dir: Path, ports: dict[str, int]) -> list[str]:
@@ -495,5 +522,6 @@ def _scheduler_argv(
         f"--authorization-kubeconfig={kubeconfig}",
         "--bind-address=127.0.0.1",
         f"--secure-port={ports['scheduler']}",
+        *options.gate_flags(),
         "--v=1",
     ]

@@ -1,4 +1,5 @@
-"""Gangs from any source: PodGroup + label, or the CRD-free ``shoal.dev/gang`` label.
+"""Gangs from any source (:mod:`scheduler.gang.sources`): PodGroup + label, or the CRD-free
+``shoal.dev/gang`` label.
 
 Pure: takes pod requests and PodGroups, returns :class:`~scheduler.model.Gang` values (min, max,
 members, priority, age, topology constraints) and :class:`~scheduler.model.InvalidGang` values

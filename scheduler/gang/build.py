@@ -1,36 +1,31 @@
 """Group pod requests into gangs.
 
-Membership (DESIGN.md): the label ``scheduling.x-k8s.io/pod-group`` names a PodGroup in the
-pod's namespace (minimum ``spec.minMember``, maximum from the PodGroup's
-``shoal.dev/max-member`` annotation, else every member pod); otherwise the label
-``shoal.dev/gang`` names a CRD-free gang (minimum and maximum from the members'
-``shoal.dev/min-member`` / ``shoal.dev/max-member`` annotations; an absent minimum means every
-member pod, an absent maximum means the minimum or every member pod, whichever is larger). The
-PodGroup label wins when a pod carries both. A pod with neither is a gang of one.
+Membership comes from the gang sources in :mod:`scheduler.gang.sources` (the README lists
+them), asked in order: the label ``scheduling.x-k8s.io/pod-group`` or the annotation
+``scheduling.k8s.io/group-name`` naming a PodGroup (a pod naming two waits), then the CRD-free
+label ``shoal.dev/gang``; a pod with none is a gang of one. Each source reads its
+own sizes and topology; what is common to every gang is checked here.
 
 Succeeded and Failed pods are not members: they neither count toward the minimum nor hold room.
-Only gangs with at least one pod for ``scheduler_name`` are returned.
+Only gangs with at least one pod for ``scheduler_name`` are returned; a gang whose members ask
+for different schedulers is invalid.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 
-from contracts import names
-from scheduler.gang.parse import CountError, check_bounds, parse_count
-from scheduler.model import Gang, GangKey, InvalidGang, PodGroup, PodRequest
+from scheduler.gang.sources import GangSource, claim
+from scheduler.gang.sources.common import GangRef, invalid_gang
+from scheduler.model import Gang, GangKey, InvalidGang, PodGroup, PodPhase, PodRequest
 
 
 def gang_of(pod: PodRequest) -> tuple[GangKey, str | None]:
     """The key of the pod's gang and, for the PodGroup source, the PodGroup's ``ns/name``."""
-    group = pod.labels.get(names.POD_GROUP_LABEL)
-    if group:
-        return GangKey(f"{pod.namespace}/{group}"), f"{pod.namespace}/{group}"
-    label = pod.labels.get(names.GANG_LABEL)
-    if label:
-        return GangKey(f"{pod.namespace}/{label}"), None
-    return GangKey(f"{pod.namespace}/pod:{pod.name}"), None
+    ref = claim(pod)[1]
+    return ref.key, ref.group
 
 
 def build_gangs(
@@ -78,7 +73,8 @@ class GangBuilder:
         for key, members in grouped.items():
             if not members:
                 continue
-            ref = gang_of(members[0])[1]
+            source, found = claim(members[0])
+            ref = found.group
             group_obj = pod_groups.get(ref) if ref is not None else None
             old = self._memo.get(key)
             if (
@@ -94,7 +90,10 @@ class GangBuilder:
             ):
                 result = old[2]
             else:
-                result = self._one(key, members, ref, pod_groups)
+                try:
+                    result = self._one(source, found, members, pod_groups)
+                except Exception as exc:  # one gang's bad input fails only it
+                    result = _unreadable(key, members, ref, exc)
             memo[key] = (members, group_obj, result)
             if isinstance(result, Gang):
                 gangs.append(result)
@@ -105,149 +104,42 @@ class GangBuilder:
 
     def _one(
         self,
-        key: GangKey,
+        source: GangSource,
+        ref: GangRef,
         members: Sequence[PodRequest],
-        ref: str | None,
         pod_groups: Mapping[str, PodGroup],
     ) -> Gang | InvalidGang | None:
         live = [p for p in members if not p.finished]
         if not any(p.scheduler_name == self.scheduler_name for p in live):
             return None
         live.sort(key=lambda p: (p.created, p.name))
-        return _one(key, tuple(live), ref, pod_groups, self.scheduler_name)
-
-
-def _one(
-    key: GangKey,
-    pods: tuple[PodRequest, ...],
-    group_ref: str | None,
-    pod_groups: Mapping[str, PodGroup],
-    scheduler_name: str,
-) -> Gang | InvalidGang:
-    first = pods[0]
-    name = key.split("/", 1)[1]
-
-    def bad(message: str) -> InvalidGang:
-        return InvalidGang(
-            key=key,
-            namespace=first.namespace,
-            name=name,
-            message=message,
-            members=pods,
-            pod_group=group_ref,
-        )
-
-    others = sorted({p.scheduler_name for p in pods} - {scheduler_name})
-    if others:
-        return bad(
-            f"members ask for different schedulerNames ({scheduler_name}, "
-            f"{', '.join(others)}); every member of a gang must use {scheduler_name}"
-        )
-
-    priority = max(p.priority for p in pods)
-    if group_ref is not None:
-        group = pod_groups.get(group_ref)
-        if group is None:
-            return bad(
-                f"PodGroup {group_ref} (label {names.POD_GROUP_LABEL}) does not exist yet; "
-                "its members wait for it"
+        others = sorted({p.scheduler_name for p in live} - {self.scheduler_name})
+        if others:
+            return invalid_gang(
+                ref.key,
+                live,
+                ref.group,
+                f"members ask for different schedulerNames ({self.scheduler_name}, "
+                f"{', '.join(others)}); every member of a gang must use {self.scheduler_name}",
             )
-        minimum = parse_count(group.min_member, f"PodGroup {group_ref} spec.minMember")
-        if isinstance(minimum, CountError):
-            return bad(minimum.message)
-        maximum = _maximum(group.annotations, minimum, len(pods), f"PodGroup {group_ref}")
-        if isinstance(maximum, CountError):
-            return bad(maximum.message)
-        return Gang(
-            key=key,
-            namespace=first.namespace,
-            name=name,
-            min_member=minimum,
-            max_member=maximum,
-            members=pods,
-            priority=priority,
-            created=group.created or first.created,
-            topology_required=_topology(group.annotations, pods, required=True),
-            topology_preferred=_topology(group.annotations, pods, required=False),
-            pod_group=group_ref,
-        )
+        result = source.build(ref.key, tuple(live), pod_groups)
+        succeeded = sum(1 for p in members if p.phase == PodPhase.SUCCEEDED)
+        if succeeded and isinstance(result, Gang):
+            result = replace(result, succeeded=succeeded)
+        return result
 
-    if names.GANG_LABEL not in first.labels:
-        return Gang(
-            key=key,
-            namespace=first.namespace,
-            name=name,
-            min_member=1,
-            max_member=1,
-            members=pods,
-            priority=priority,
-            created=first.created,
-            topology_required=first.annotations.get(names.TOPOLOGY_REQUIRED_ANNOTATION),
-            topology_preferred=first.annotations.get(names.TOPOLOGY_PREFERRED_ANNOTATION),
-        )
 
-    where = f"gang {key}"
-    raw_min = _agreed(pods, names.MIN_MEMBER_ANNOTATION)
-    if isinstance(raw_min, CountError):
-        return bad(raw_min.message)
-    if raw_min is None:
-        minimum_or_error: int | CountError = len(pods)
-    else:
-        minimum_or_error = parse_count(raw_min, f"{where} annotation {names.MIN_MEMBER_ANNOTATION}")
-    if isinstance(minimum_or_error, CountError):
-        return bad(minimum_or_error.message)
-    raw_max = _agreed(pods, names.MAX_MEMBER_ANNOTATION)
-    if isinstance(raw_max, CountError):
-        return bad(raw_max.message)
-    annotations = {} if raw_max is None else {names.MAX_MEMBER_ANNOTATION: raw_max}
-    maximum = _maximum(annotations, minimum_or_error, len(pods), where)
-    if isinstance(maximum, CountError):
-        return bad(maximum.message)
-    return Gang(
+def _unreadable(
+    key: GangKey, members: Sequence[PodRequest], ref: str | None, exc: Exception
+) -> InvalidGang:
+    """A gang whose objects made reading them raise: invalid, with the fault in the message,
+    so that it waits with an Event while every other gang is scheduled."""
+    first = members[0]
+    return InvalidGang(
         key=key,
         namespace=first.namespace,
-        name=name,
-        min_member=minimum_or_error,
-        max_member=maximum,
-        members=pods,
-        priority=priority,
-        created=first.created,
-        topology_required=_topology({}, pods, required=True),
-        topology_preferred=_topology({}, pods, required=False),
+        name=key.split("/", 1)[1],
+        message=f"its pods or PodGroup could not be read ({type(exc).__name__}: {exc})"[:500],
+        members=tuple(members),
+        pod_group=ref,
     )
-
-
-def _agreed(pods: Sequence[PodRequest], annotation: str) -> str | CountError | None:
-    """The one value the members give for ``annotation`` (``None`` when none gives one)."""
-    values = sorted({p.annotations[annotation] for p in pods if annotation in p.annotations})
-    if len(values) > 1:
-        return CountError(
-            f"members disagree on annotation {annotation}: {', '.join(repr(v) for v in values)}"
-        )
-    return values[0] if values else None
-
-
-def _maximum(
-    annotations: Mapping[str, str], minimum: int, member_count: int, where: str
-) -> int | CountError:
-    raw = annotations.get(names.MAX_MEMBER_ANNOTATION)
-    if raw is None:
-        return max(minimum, member_count)
-    max_where = f"{where} annotation {names.MAX_MEMBER_ANNOTATION}"
-    maximum = parse_count(raw, max_where)
-    if isinstance(maximum, CountError):
-        return maximum
-    error = check_bounds(minimum, maximum, "the minimum", max_where)
-    return error if error is not None else maximum
-
-
-def _topology(
-    group_annotations: Mapping[str, str], pods: Sequence[PodRequest], *, required: bool
-) -> str | None:
-    key = names.TOPOLOGY_REQUIRED_ANNOTATION if required else names.TOPOLOGY_PREFERRED_ANNOTATION
-    if key in group_annotations:
-        return group_annotations[key] or None
-    for pod in pods:
-        if pod.annotations.get(key):
-            return pod.annotations[key]
-    return None

@@ -8,8 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -20,6 +18,7 @@ from kubernetes.client.exceptions import ApiException
 from contracts import gputopology, names
 from devcluster import cluster, nodes, process
 from tests.integration.conftest import Devcluster
+from tests.waiting import eventually
 
 T = TypeVar("T")
 
@@ -29,18 +28,6 @@ KWOK_TOLERATION = {
     "value": names.KWOK_NODE_VALUE,
     "effect": "NoSchedule",
 }
-
-
-def eventually(probe: Callable[[], T | None], *, timeout: float = 60, what: str = "") -> T:
-    """Poll ``probe`` until it returns something truthy; fail naming ``what`` otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.2)
 
 
 def pod_body(name: str, *, scheduler: str = "nobody-schedules-this") -> dict[str, Any]:
@@ -135,6 +122,44 @@ def test_job_controller_creates_the_jobs_pods(devcluster: Devcluster, namespace:
     )
     assert indexes == ["0", "1", "2"]
     assert all(p.metadata.owner_references[0].kind == "Job" for p in created)
+
+
+def test_a_namespace_with_pod_groups_is_deleted(devcluster: Devcluster) -> None:
+    """Workloads are on: the API server puts a finalizer on every PodGroup, and the controller
+    that removes it runs, so PodGroups (one of an Indexed Job's own) do not hold a namespace."""
+    core = devcluster.core()
+    name = f"pg-{os.getpid()}"
+    core.create_namespace({"metadata": {"name": name}})
+    job = {
+        "metadata": {"name": "trainer"},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": 2,
+            "parallelism": 2,
+            "template": {"spec": {**pod_body("unused")["spec"], "restartPolicy": "Never"}},
+        },
+    }
+    devcluster.batch().create_namespaced_job(name, job)
+    custom = client.CustomObjectsApi(devcluster.api)
+
+    def groups() -> list[Any]:
+        found = custom.list_namespaced_custom_object(
+            "scheduling.k8s.io", "v1beta1", name, "podgroups"
+        )
+        return list(found["items"])
+
+    [group] = eventually(groups, what="the Job's PodGroup")
+    assert "scheduling.k8s.io/podgroup-protection" in group["metadata"]["finalizers"]
+    core.delete_namespace(name)
+
+    def gone() -> bool:
+        try:
+            core.read_namespace(name)
+        except ApiException as exc:
+            return bool(exc.status == 404)
+        return False
+
+    eventually(gone, what="the namespace to be deleted")
 
 
 def test_service_account_without_rbac_is_refused(devcluster: Devcluster, namespace: str) -> None:

@@ -30,6 +30,17 @@ def test_parse_count_never_raises_and_is_a_positive_int_or_an_error(raw: object)
         assert result >= 1
 
 
+def test_signs_that_int_refuses_are_an_error_not_an_exception() -> None:
+    # "+-1" once passed a check that stripped every sign, then made int() raise inside the
+    # scheduling cycle: one such pod stopped every gang in the cluster.
+    for raw in ("+-1", "--1", "-+1", "++1", "+", "-", "1_000", "\u0661", "1e3", " + 1"):
+        result = parse_count(raw, "min")
+        assert isinstance(result, CountError), raw
+        assert "min" in result.message
+    assert parse_count("+3", "min") == 3
+    assert parse_count("-3", "min") == CountError("min: must be at least 1, got -3")
+
+
 def test_bad_counts_say_what_is_wrong() -> None:
     assert parse_count("two", "min") == CountError("min: must be a whole number >= 1, got 'two'")
     assert parse_count("0", "min") == CountError("min: must be at least 1, got 0")
@@ -69,6 +80,23 @@ def test_pod_without_gang_is_a_gang_of_one() -> None:
     assert (gang.min_member, gang.max_member, gang.priority) == (1, 1, 7)
 
 
+def test_a_pod_group_label_wins_over_a_gang_label_on_the_same_pod() -> None:
+    both = [pod(f"w{i}", pod_group="train", gang="other", min_member="9") for i in range(3)]
+    gangs, invalid = build_gangs(both, {"ns/train": group("train", 2)}, SCHED)
+    assert invalid == []
+    [gang] = gangs
+    assert (gang.key, gang.min_member, gang.pod_group) == ("ns/train", 2, "ns/train")
+
+
+def test_an_empty_gang_label_names_no_gang() -> None:
+    # Its key was already the pod's own; its sizes now are a gang of one's too.
+    alone = pod("alone", gang="", min_member="4", max_member="x")
+    gangs, invalid = build_gangs([alone], {}, SCHED)
+    assert invalid == []
+    [gang] = gangs
+    assert (gang.key, gang.min_member, gang.max_member) == ("ns/pod:alone", 1, 1)
+
+
 def test_finished_pods_do_not_count_toward_the_minimum() -> None:
     done = replace(pod("w0", gang="g", min_member="2", node="n1"), phase=PodPhase.SUCCEEDED)
     live = pod("w1", gang="g", min_member="2", node="n1")
@@ -104,6 +132,7 @@ def test_missing_pod_group_is_reported_and_waits() -> None:
     bad = _invalid([pod("a", pod_group="later")])
     assert "PodGroup ns/later" in bad.message
     assert "does not exist yet" in bad.message
+    assert bad.reason == "PodGroupNotFound"
 
 
 def test_members_with_different_scheduler_names_are_reported() -> None:
