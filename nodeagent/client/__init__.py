@@ -10,9 +10,16 @@
 
 The identity comes from the Downward API (``metadata.namespace``, ``metadata.name``,
 ``metadata.uid``); the socket from the agent's hostPath (default ``/run/shoal/agent.sock``).
-``python -m nodeagent.client wait|ack`` does the same from a shell.
+``python -m nodeagent.client wait|ack`` does the same from a shell. For torch.distributed jobs,
+:mod:`nodeagent.client.distributed` (the ``torch`` extra) stops every rank at one step.
 """
 
-from nodeagent.client.watcher import LeaveNotice, NoticeClient, NoticeRefused, PodIdentity
+from nodeagent.client.watcher import (
+    AgentBusy,
+    LeaveNotice,
+    NoticeClient,
+    NoticeRefused,
+    PodIdentity,
+)
 
-__all__ = ["LeaveNotice", "NoticeClient", "NoticeRefused", "PodIdentity"]
+__all__ = ["AgentBusy", "LeaveNotice", "NoticeClient", "NoticeRefused", "PodIdentity"]

@@ -3,6 +3,12 @@
 ``wait`` blocks until this pod is told to leave, prints the notice as one JSON line and exits 0
 (exit 4 when the agent goes away first). ``ack STEP`` reports the checkpoint; exit 0 when the
 agent accepted it, 3 when it refused (the pod is not under notice, or not on this node).
+Exit 5 when the agent is busy (it holds as many watches as it allows): try again later.
+
+When the agent's socket is absent and ``SHOAL_LEAVE_BY_FILE`` names the pod's
+``shoal.dev/leave-by`` as a Downward API file, ``wait`` falls back to that file: it returns once
+the file holds a time, with ``source`` ``leave-by-file`` (the kubelet refreshes the file up to
+about a minute late; see :mod:`nodeagent.client.leavefile`).
 """
 
 from __future__ import annotations
@@ -16,10 +22,18 @@ from collections.abc import Sequence
 
 import grpc
 
-from nodeagent.client.watcher import DEFAULT_SOCKET, NoticeClient, NoticeRefused, PodIdentity
+from nodeagent.client.leavefile import ENV, wait_leave_by
+from nodeagent.client.watcher import (
+    DEFAULT_SOCKET,
+    AgentBusy,
+    NoticeClient,
+    NoticeRefused,
+    PodIdentity,
+)
 
 EXIT_REFUSED = 3
 EXIT_AGENT_GONE = 4
+EXIT_BUSY = 5
 
 
 def parser() -> argparse.ArgumentParser:
@@ -37,6 +51,12 @@ def parser() -> argparse.ArgumentParser:
     env("--name", "POD_NAME", "this pod's name (Downward API)")
     env("--uid", "POD_UID", "this pod's metadata.uid (Downward API)")
     env("--socket", "SHOAL_SOCKET", "the agent's unix socket", DEFAULT_SOCKET)
+    env(
+        "--leave-by-file",
+        ENV,
+        "the pod's shoal.dev/leave-by as a Downward API file: what 'wait' reads when the "
+        "socket is absent (refreshed by the kubelet up to about a minute late)",
+    )
     commands = p.add_subparsers(dest="command", required=True)
     commands.add_parser("wait", help="block until this pod is told to leave; print the notice")
     ack = commands.add_parser("ack", help="report that the checkpoint at STEP is done")
@@ -64,6 +84,23 @@ async def _wait(client: NoticeClient) -> int:
     return EXIT_AGENT_GONE
 
 
+async def _wait_file(path: str) -> int:
+    leave_by = await wait_leave_by(path)
+    print(
+        json.dumps(
+            {
+                "event_id": "",
+                "kind": "",
+                "source": "leave-by-file",
+                "reason": f"{path} holds a leave-by time",
+                "leave_by": leave_by.isoformat(),
+            }
+        ),
+        flush=True,
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
@@ -71,11 +108,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing:
         p.error("missing " + ", ".join(f"--{f}" for f in missing))
     client = NoticeClient(PodIdentity(args.namespace, args.name, args.uid), args.socket)
+    if args.command == "wait" and args.leave_by_file and not os.path.exists(args.socket):
+        print(f"no agent socket at {args.socket}: reading {args.leave_by_file}", file=sys.stderr)
+        return asyncio.run(_wait_file(args.leave_by_file))
     try:
         if args.command == "wait":
             return asyncio.run(_wait(client))
         print(asyncio.run(client.acknowledge(args.step)))
         return 0
+    except AgentBusy as exc:
+        print(f"busy: {exc}", file=sys.stderr)
+        return EXIT_BUSY
     except NoticeRefused as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return EXIT_REFUSED

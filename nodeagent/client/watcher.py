@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -18,6 +18,11 @@ DEFAULT_SOCKET = "/run/shoal/agent.sock"
 
 class NoticeRefused(Exception):
     """The agent refused the call (the pod is not on its node, or not under notice)."""
+
+
+class AgentBusy(NoticeRefused):
+    """The agent holds as many watches as it allows (in total or for this pod), or this watch
+    fell too far behind: watch again later."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +86,7 @@ class NoticeClient:
     def _identity(self) -> pb.PodIdentity:
         return pb.PodIdentity(namespace=self.pod.namespace, name=self.pod.name, uid=self.pod.uid)
 
-    async def watch(self) -> AsyncIterator[LeaveNotice]:
+    async def watch(self) -> AsyncGenerator[LeaveNotice, None]:
         """The pod's notice state now, then each change, until the agent goes away."""
         async with grpc.aio.insecure_channel(self.target) as channel:
             stub = rpc.NoticesStub(channel)
@@ -90,6 +95,8 @@ class NoticeClient:
                 async for raw in call:
                     yield _notice(raw)
             except grpc.aio.AioRpcError as exc:
+                if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise AgentBusy(exc.details()) from exc
                 if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
                     raise NoticeRefused(exc.details()) from exc
                 raise
@@ -97,12 +104,18 @@ class NoticeClient:
                 call.cancel()
 
     async def acknowledge(self, step: int) -> str:
-        """Checkpoint done at ``step``. Returns ``accepted``; raises :class:`NoticeRefused`."""
+        """Checkpoint done at ``step``. Returns ``accepted``; raises :class:`NoticeRefused`
+        (:class:`AgentBusy` when the agent has too many calls in flight)."""
         async with grpc.aio.insecure_channel(self.target) as channel:
             stub = rpc.NoticesStub(channel)
-            reply = await stub.Acknowledge(
-                pb.AcknowledgeRequest(pod=self._identity(), step=step), timeout=10
-            )
+            try:
+                reply = await stub.Acknowledge(
+                    pb.AcknowledgeRequest(pod=self._identity(), step=step), timeout=10
+                )
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise AgentBusy(exc.details()) from exc
+                raise
         if not reply.accepted:
             raise NoticeRefused(str(reply.detail))
         return str(reply.detail)

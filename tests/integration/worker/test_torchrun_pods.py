@@ -1,0 +1,303 @@
+"""Real elastic torchrun training in pods on the devcluster: the real scheduler places a gang
+(minimum 2, maximum 3) wired by its admission webhook, each kwok node has a real agent (its own
+fake AWS metadata server and socket folder), and :mod:`fakes.runtime` runs each pod's command as
+real processes. A spot notice on one node, or the scheduler reclaiming a member for a
+higher-priority pod, stops every rank at one step, the leaving pod is evicted once it
+acknowledged the complete checkpoint, and the two pods left resume at the next step with the
+losses of a run that never stopped."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+from contracts import names
+from fakes import metadata
+from fakes.clouds import Aws
+from fakes.runtime import Runtime
+from nodeagent.client.distributed import latest_checkpoint
+from tests import figures
+from tests.integration.nodeagent.harness import AgentProcess, eventually
+from tests.integration.scheduler.conftest import (
+    KWOK_TOLERATION,
+    TEST_LABEL,
+    Pool,
+    ensure_priority_class,
+)
+from tests.integration.scheduler.test_webhook import Webhook
+from tests.unit.worker.torchjob import ROOT, Job, rendezvous_store
+
+SECTION = "torchrun pods"
+PODS = ["train-0", "train-1", "train-2"]
+LEAVER = "train-0"
+HIGH = "shoal-test-high"
+#: Time for ranks and launchers on a busy two-core machine.
+SLOW = 180
+
+
+@pytest.fixture
+def servers() -> Iterator[metadata.Threaded]:
+    threaded = metadata.Threaded()
+    yield threaded
+    threaded.close()
+
+
+@pytest.fixture
+def runtime_root() -> Iterator[Path]:
+    """Short, for the sockets' paths (a unix socket's path has at most 107 bytes)."""
+    root = Path(tempfile.mkdtemp(prefix="shoal-rt-"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def trainer_pod(name: str, webhook: Webhook, pool: Pool, job: Job, port: int) -> dict[str, Any]:
+    """A gang member whose command is torchrun with the settings ``docs/workers.md`` lists;
+    the webhook adds the socket, the pod's identity and the leave-by file."""
+    rdzv = "is_host=false,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=5"
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1:3",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=pods",
+        f"--rdzv-conf={rdzv}",
+        f"--max-restarts={job.max_restarts}",
+        "--monitor-interval=0.1",
+    ]
+    env = {
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        "LOGLEVEL": "WARNING",
+    }
+    return webhook.pod(
+        name,
+        labels={names.GANG_LABEL: "pods"},
+        annotations={names.MIN_MEMBER_ANNOTATION: "2", names.MAX_MEMBER_ANNOTATION: "3"},
+        spec={
+            "tolerations": [KWOK_TOLERATION],
+            "nodeSelector": {TEST_LABEL: pool.pool},
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 30,
+            "containers": [
+                {
+                    "name": "trainer",
+                    "image": "registry.example.com/train:1",
+                    "command": torchrun,
+                    "args": job.trainer_args(),
+                    "env": [{"name": k, "value": v} for k, v in env.items()],
+                    "resources": {"limits": {names.GPU_RESOURCE: "8"}},
+                }
+            ],
+        },
+    )
+
+
+@dataclass
+class Scene:
+    """Three nodes, each with its agent and metadata server; the gang training on them."""
+
+    core: Any
+    namespace: str
+    job: Job
+    runtime: Runtime
+    clouds: dict[str, Aws]
+    agents: dict[str, AgentProcess]
+    placed: dict[str, str] = field(default_factory=dict)
+
+    def agent_of(self, pod: str) -> AgentProcess:
+        return self.agents[self.placed[pod]]
+
+
+@pytest.fixture
+def scene(
+    pool: Pool,
+    webhook: Webhook,
+    servers: metadata.Threaded,
+    runtime_root: Path,
+    tmp_path: Path,
+) -> Iterator[Scene]:
+    devcluster = pool.devcluster
+    job = Job(tmp_path, eviction_wait=600.0)  # only the eviction stops the leaving torchrun
+    store = rendezvous_store()  # as on a node that is not revoked
+    made = pool.add(3, gpus=8)
+    runtime = Runtime(
+        devcluster.kubeconfig,
+        webhook.namespace,
+        made,
+        runtime_root,
+        selector=f"{names.GANG_LABEL}=pods",
+    ).start()
+    clouds = {node: Aws(servers) for node in made}
+    agents = {
+        node: AgentProcess(
+            kubeconfig=devcluster.kubeconfig,
+            node=node,
+            provider="aws",
+            metadata_url=clouds[node].url,
+            workdir=runtime.layout.host_path(node, "/run/shoal"),
+        )
+        for node in made
+    }
+    scene = Scene(devcluster.core(), webhook.namespace, job, runtime, clouds, agents)
+    try:
+        for agent in agents.values():
+            agent.workdir.mkdir(parents=True)
+            agent.start()
+        for name in PODS:
+            body = trainer_pod(name, webhook, pool, job, store.port)
+            scene.core.create_namespaced_pod(scene.namespace, body)
+        scene.placed = eventually(
+            lambda: _bound(scene.core, scene.namespace), timeout=SLOW, what="the gang bound"
+        )
+        eventually(
+            lambda: [r for r in job.records("step") if r["world"] == 3 and r["step"] >= 3],
+            timeout=SLOW,
+            what=f"the three pods to train together ({runtime_root})",
+        )
+        yield scene
+    finally:
+        runtime.close()
+        for agent in agents.values():
+            agent.stop()
+
+
+def test_a_spot_notice_stops_every_rank_at_one_step_and_two_pods_resume(scene: Scene) -> None:
+    posted = time.time()
+    scene.clouds[scene.placed[LEAVER]].post()
+    stopped, resumed = left_and_resumed(scene, LEAVER)
+    figures.record(SECTION, "spot notice posted to every rank stopped (s)", stopped - posted)
+    figures.record(SECTION, "last stop to first resumed step (s)", resumed - stopped)
+
+
+def test_a_reclaim_heard_on_the_socket_stops_every_rank_and_two_pods_resume(
+    scene: Scene, pool: Pool, webhook: Webhook
+) -> None:
+    ensure_priority_class(pool.devcluster, HIGH, 100000)
+    asked = time.time()
+    urgent = webhook.pod(
+        "urgent",
+        labels={names.GANG_LABEL: "urgent"},
+        spec={
+            "priorityClassName": HIGH,
+            "tolerations": [KWOK_TOLERATION],
+            "nodeSelector": {TEST_LABEL: pool.pool},
+            "containers": [
+                {
+                    "name": "trainer",
+                    "image": "registry.example.com/train:1",
+                    "resources": {"limits": {names.GPU_RESOURCE: "8"}},
+                }
+            ],
+        },
+    )
+    scene.core.create_namespaced_pod(scene.namespace, urgent)
+    victim = eventually(lambda: _reclaimed(scene), timeout=SLOW, what="a member reclaimed")
+
+    stopped, resumed = left_and_resumed(scene, victim)
+    # The worker was told on the socket before it acknowledged (the agent times the ack from
+    # then), not only by the leave-by file.
+    metrics = scene.agent_of(victim).metrics()
+    assert "shoal_agent_time_to_ack_seconds_count 1.0" in metrics
+    eventually(
+        lambda: scene.core.read_namespaced_pod("urgent", scene.namespace).spec.node_name,
+        timeout=SLOW,
+        what="the urgent gang bound in the room it made",
+    )
+    figures.record(
+        SECTION, "higher-priority pod created to every rank stopped (s)", stopped - asked
+    )
+    figures.record(SECTION, "last stop to first resumed step (s), reclaim", resumed - stopped)
+
+
+def left_and_resumed(scene: Scene, leaver: str) -> tuple[float, float]:
+    """Check that every rank stopped at one step S, the checkpoint at S is complete, ``leaver``
+    was evicted after acknowledging S, and the others trained S+1 onwards with the losses of
+    an uninterrupted run; return when the last rank stopped and the first step after it."""
+    job, namespace = scene.job, scene.namespace
+    stayers = sorted(set(PODS) - {leaver})
+    stops = eventually(lambda: _stops(job), timeout=SLOW, what="every rank to stop")
+    [stop_step] = {int(r["step"]) for r in stops}
+    assert {r["pod"]: r["leaving"] for r in stops} == {pod: pod == leaver for pod in PODS}
+    key = f"{namespace}/{leaver}"
+    leaving = scene.agent_of(leaver)
+    evicted = eventually(
+        lambda: _agent_says(leaving, "pod_evicted", key), timeout=SLOW, what="the eviction"
+    )
+    [acked] = _agent_says(leaving, "worker_acknowledged", key)
+    assert (acked["step"], acked["outcome"]) == (stop_step, "accepted")
+    # Evicted because it acknowledged (not at a margin before the deadline), after it did.
+    assert [line["reason"] for line in evicted] == ["acknowledged"]
+    assert evicted[0]["timestamp"] >= acked["timestamp"]
+    # Acknowledged only once every rank had saved: the checkpoint is complete.
+    assert latest_checkpoint(job.ckpt) == (stop_step, job.ckpt / f"step-{stop_step}")
+
+    codes = eventually(lambda: _finished(scene.runtime), timeout=SLOW, what="every torchrun out")
+    # The eviction's SIGTERM stopped the leaving torchrun, which left the rendezvous open; the
+    # others finished the training.
+    assert codes[leaver] != 0
+    assert {pod: codes[pod] for pod in stayers} == dict.fromkeys(stayers, 0)
+
+    starts = job.records("start")
+    resumed = [r for r in starts if r["step"] == stop_step + 1]
+    assert sorted(r["pod"] for r in resumed) == stayers
+    assert {r["world"] for r in resumed} == {2}
+    assert not [r for r in starts if r["pod"] == leaver and r["step"] > 0]
+
+    reference = job.reference()
+    steps = job.records("step")
+    after = {r["step"]: r["loss"] for r in steps if r["step"] > stop_step}
+    assert sorted(after) == list(range(stop_step + 1, job.steps))  # no step lost
+    assert after == {step: reference[step] for step in after}
+    assert {r["loss"] for r in steps if r["step"] == stop_step} == {reference[stop_step]}
+
+    stopped = max(float(r["t"]) for r in stops)
+    first_resumed = min(float(r["t"]) for r in steps if r["step"] == stop_step + 1)
+    return round(stopped, 3), round(first_resumed, 3)
+
+
+def _reclaimed(scene: Scene) -> str | None:
+    for pod in scene.core.list_namespaced_pod(scene.namespace).items:
+        if names.RECLAIMED_FOR_ANNOTATION in (pod.metadata.annotations or {}):
+            return str(pod.metadata.name)
+    return None
+
+
+def _stops(job: Job) -> list[dict[str, Any]] | None:
+    stops = job.records("stop")
+    return stops if len(stops) >= len(PODS) else None
+
+
+def _bound(core: Any, namespace: str) -> dict[str, str] | None:
+    found = {
+        pod.metadata.name: pod.spec.node_name
+        for pod in core.list_namespaced_pod(namespace).items
+        if pod.spec.node_name
+    }
+    return found if len(found) == len(PODS) else None
+
+
+def _agent_says(agent: AgentProcess, event: str, pod: str) -> list[dict[str, Any]]:
+    return [
+        line for line in agent.log_lines() if line.get("event") == event and line.get("pod") == pod
+    ]
+
+
+def _finished(runtime: Runtime) -> dict[str, int] | None:
+    codes = {key.split("/", 1)[1]: c.get("trainer") for key, c in runtime.exit_codes().items()}
+    if len(codes) < len(PODS) or any(code is None for code in codes.values()):
+        return None
+    return {pod: int(code) for pod, code in codes.items() if code is not None}
