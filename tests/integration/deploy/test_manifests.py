@@ -7,6 +7,7 @@ proves the RBAC sufficient; SubjectAccessReviews prove it is not excessive.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import uuid
@@ -15,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 
 from contracts import names
 from devcluster import nodes
+from fakes import metadata
 from nodeagent.client import PodIdentity
-from nodeagent.testing import metadata
 from tests.integration.conftest import Devcluster
 from tests.integration.nodeagent.harness import (
     AgentProcess,
@@ -32,7 +34,7 @@ from tests.integration.nodeagent.harness import (
     taint,
     worker_pod,
 )
-from tests.integration.scheduler.conftest import SchedulerProcess
+from tests.integration.scheduler.conftest import VOLCANO_CRD, SchedulerProcess, apply_crd
 
 ROOT = Path(__file__).resolve().parents[3]
 MANIFESTS = ROOT / "manifests"
@@ -64,7 +66,9 @@ def installed(devcluster: Devcluster, bin_dir: Path) -> Iterator[subprocess.Comp
         str(MANIFESTS),
     )
     yield applied
-    # The workloads would wait for images forever on kwok; the RBAC and CRD may stay.
+    # The workloads would wait for images forever on kwok; the RBAC and CRD may stay. The
+    # webhook configuration goes: its Service has no endpoint here, and other tests' pods
+    # would wait for its timeout.
     kubectl(
         devcluster,
         bin_dir,
@@ -73,15 +77,34 @@ def installed(devcluster: Devcluster, bin_dir: Path) -> Iterator[subprocess.Comp
         NAMESPACE,
         "daemonset/shoal-agent",
         "deployment/shoal-scheduler",
+        "service/shoal-scheduler-webhook",
         "--ignore-not-found",
         "--wait=false",
     )
+    kubectl(
+        devcluster,
+        bin_dir,
+        "delete",
+        "mutatingwebhookconfiguration/shoal-scheduler",
+        "--ignore-not-found",
+    )
 
 
-def token_kubeconfig(devcluster: Devcluster, account: str, path: Path) -> str:
-    """A kubeconfig that authenticates as the ServiceAccount, with a short-lived token."""
+def token_kubeconfig(
+    devcluster: Devcluster, account: str, path: Path, bound_to: Any | None = None
+) -> str:
+    """A kubeconfig that authenticates as the ServiceAccount, with a short-lived token; bound to
+    the pod ``bound_to`` (as the token Kubernetes mounts into a pod is: it then names the pod's
+    node) when given."""
+    bound = None
+    if bound_to is not None:
+        bound = client.V1BoundObjectReference(
+            api_version="v1", kind="Pod", name=bound_to.metadata.name, uid=bound_to.metadata.uid
+        )
     request = client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
+        spec=client.V1TokenRequestSpec(
+            audiences=[], expiration_seconds=3600, bound_object_ref=bound
+        )
     )
     token = (
         devcluster.core()
@@ -122,6 +145,8 @@ def test_every_manifest_applies_server_side(
         "daemonset.apps/shoal-agent",
         "clusterrole.rbac.authorization.k8s.io/shoal-agent",
         "configmap/shoal-scheduler",
+        "service/shoal-scheduler-webhook",
+        "mutatingwebhookconfiguration.admissionregistration.k8s.io/shoal-scheduler",
     ):
         assert any(line.startswith(expected) for line in lines), (expected, lines)
     deployment = client.AppsV1Api(devcluster.api).read_namespaced_deployment(
@@ -150,8 +175,9 @@ def test_examples_pass_server_side_dry_run(
         "--timeout=60s",
         "crd/pytorchjobs.kubeflow.org",
     )
+    apply_crd(devcluster, VOLCANO_CRD)
     examples = sorted((MANIFESTS / "examples").glob("*.yaml"))
-    assert len(examples) == 3
+    assert len(examples) == 5
     for example in examples:
         result = kubectl(
             devcluster, bin_dir, "apply", "--server-side", "--dry-run=server", "-f", str(example)
@@ -214,10 +240,16 @@ ALLOWED = [
     (SCHEDULER_SA, "patch", "pods", "status", "", None),
     (SCHEDULER_SA, "create", "pods", "eviction", "", None),
     (SCHEDULER_SA, "patch", "podgroups", "status", "scheduling.x-k8s.io", None),
+    (SCHEDULER_SA, "watch", "podgroups", "", "scheduling.volcano.sh", None),
+    (SCHEDULER_SA, "patch", "podgroups", "", "scheduling.volcano.sh", None),
+    (SCHEDULER_SA, "watch", "priorityclasses", "", "scheduling.k8s.io", None),
+    (SCHEDULER_SA, "watch", "podgroups", "", "scheduling.k8s.io", None),
+    (SCHEDULER_SA, "patch", "podgroups", "status", "scheduling.k8s.io", None),
     (SCHEDULER_SA, "update", "leases", "", "coordination.k8s.io", NAMESPACE),
     (AGENT_SA, "patch", "nodes", "", "", None),
     (AGENT_SA, "create", "pods", "eviction", "", None),
     (AGENT_SA, "list", "pods", "", "", None),
+    (AGENT_SA, "watch", "pods", "", "", None),
     (AGENT_SA, "create", "events", "", "", None),
     (AGENT_SA, "list", "events", "", "", None),
 ]
@@ -299,8 +331,22 @@ def test_scheduler_with_its_own_service_account_schedules_a_gang(
         kubeconfig,
         name,
         tmp_path,
-        extra=["--leader-elect", "true", "--lease-namespace", NAMESPACE],
+        extra=[
+            "--leader-elect",
+            "true",
+            "--lease-namespace",
+            NAMESPACE,
+            # Its webhook keeps its CA in the installed configuration (sent no pod here: the
+            # configuration matches shoal-scheduler's pods only).
+            "--webhook",
+            "true",
+            "--webhook-port",
+            "0",
+            "--webhook-hosts",
+            "127.0.0.1",
+        ],
     ).start()
+    admission = client.AdmissionregistrationV1Api(devcluster.api)
     core = devcluster.core()
     try:
         for i in range(2):
@@ -336,6 +382,14 @@ def test_scheduler_with_its_own_service_account_schedules_a_gang(
         assert placed == set(pool)
         lease = client.CoordinationV1Api(devcluster.api).read_namespaced_lease(name, NAMESPACE)
         assert lease.spec.holder_identity
+        eventually(
+            lambda: (
+                admission.read_mutating_webhook_configuration("shoal-scheduler")
+                .webhooks[0]
+                .client_config.ca_bundle
+            ),
+            what="the webhook's CA in the installed configuration, by the scheduler's account",
+        )
     finally:
         assert scheduler.stop() == 0
         for node in pool:
@@ -356,8 +410,9 @@ def test_agent_with_its_own_service_account_taints_and_evicts(
     identity = PodIdentity(namespace, "trainer-0", created.metadata.uid)
     servers = metadata.Threaded()
     cloud = Aws(servers)
+    own = agent_pod(devcluster, node)
     agent = AgentProcess(
-        kubeconfig=token_kubeconfig(devcluster, "shoal-agent", tmp_path / "sa.kubeconfig"),
+        kubeconfig=token_kubeconfig(devcluster, "shoal-agent", tmp_path / "sa.kubeconfig", own),
         node=node,
         provider="aws",
         metadata_url=cloud.url,
@@ -380,4 +435,65 @@ def test_agent_with_its_own_service_account_taints_and_evicts(
         agent.stop()
         servers.close()
         release(core, namespace, "trainer-0")
+        # The agent drained it with the rest of the node (it belongs to no DaemonSet).
+        with contextlib.suppress(ApiException):
+            core.delete_namespaced_pod(own.metadata.name, NAMESPACE, grace_period_seconds=0)
         core.delete_node(node)
+
+
+def agent_pod(devcluster: Devcluster, node: str) -> Any:
+    """The DaemonSet's pod on ``node`` as far as tokens go: the agent's account, bound there."""
+    body = {
+        "metadata": {"name": f"shoal-agent-{node}"},
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": "shoal-agent",
+            "tolerations": [{"operator": "Exists"}],
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "agent", "image": "ghcr.io/shoal-dev/shoal-agent:0.1.0"}],
+        },
+    }
+    return devcluster.core().create_namespaced_pod(NAMESPACE, body)
+
+
+def _refused(call: Any) -> str:
+    """The API server's message for a call that must be refused with 403."""
+    with pytest.raises(ApiException) as refused:
+        call()
+    assert refused.value.status == 403, refused.value.body
+    return str(json.loads(refused.value.body)["message"])
+
+
+def test_each_agent_changes_only_its_own_node_and_its_pods(
+    installed: subprocess.CompletedProcess[str],
+    devcluster: Devcluster,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    core = devcluster.core()
+    node_a, node_b = nodes.create(
+        devcluster.kubeconfig, nodes.NodeSpec(count=2, prefix=f"own-{uuid.uuid4().hex[:6]}")
+    )
+    for name, node in (("on-a", node_a), ("on-b", node_b)):
+        core.create_namespaced_pod(namespace, worker_pod(name, node))
+    own = agent_pod(devcluster, node_a)
+    bound = token_kubeconfig(devcluster, "shoal-agent", tmp_path / "bound.kubeconfig", own)
+    agent = client.CoreV1Api(config.new_client_from_config(config_file=bound))
+    note = {"metadata": {"annotations": {names.REVOCATION_ANNOTATION: "{}"}}}
+    try:
+        agent.patch_node(node_a, note)
+        agent.patch_namespaced_pod("on-a", namespace, {"metadata": {"annotations": {"x": "1"}}})
+        message = _refused(lambda: agent.patch_node(node_b, note))
+        assert f"shoal-agent on node {node_a} may change only its own node, not {node_b}" in message
+        message = _refused(lambda: agent.delete_namespaced_pod("on-b", namespace))
+        assert f"may change only the pods bound to it, not {namespace}/on-b" in message
+        # A token not bound to a pod names no node: nothing of any node.
+        loose = token_kubeconfig(devcluster, "shoal-agent", tmp_path / "loose.kubeconfig")
+        unbound = client.CoreV1Api(config.new_client_from_config(config_file=loose))
+        assert "the token names no node" in _refused(lambda: unbound.patch_node(node_a, note))
+    finally:
+        for name in ("on-a", "on-b"):
+            release(core, namespace, name)
+        core.delete_namespaced_pod(own.metadata.name, NAMESPACE, grace_period_seconds=0)
+        for node in (node_a, node_b):
+            core.delete_node(node)
