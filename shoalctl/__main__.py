@@ -1,0 +1,3 @@
+from shoalctl.cli import main
+
+raise SystemExit(main())

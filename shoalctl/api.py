@@ -1,0 +1,162 @@
+"""Reads from the API server, with the user's kubeconfig and rights: ``list`` of pods, nodes,
+Events and the PodGroup kinds, nothing else (``kubectl shoal`` never writes).
+
+The kubeconfig is found as kubectl finds it: ``--kubeconfig``, else ``$KUBECONFIG`` (a list of
+files, merged), else ``~/.kube/config``, else the in-cluster service account. A PodGroup kind the
+cluster does not serve, or that the user may not list, is read as none (with a note on stderr
+for the latter); PriorityClasses (for a Volcano PodGroup's priority) likewise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from scheduler.k8s import convert
+from scheduler.model import PodGroup
+from shoalctl.views import Cluster
+
+#: (group, versions newest first) of each PodGroup kind the scheduler reads.
+GROUPS = (
+    ("scheduling.x-k8s.io", ("v1alpha1",)),
+    ("scheduling.volcano.sh", ("v1beta1",)),
+    ("scheduling.k8s.io", ("v1beta1", "v1alpha3")),
+)
+
+
+class ReadError(Exception):
+    """The cluster could not be read; the message says what and why, for the terminal."""
+
+
+def connect(kubeconfig: str | None, context: str | None) -> Any:
+    """An ApiClient from the kubeconfig kubectl would use."""
+    files = kubeconfig or os.environ.get("KUBECONFIG") or str(Path("~/.kube/config").expanduser())
+    present = [f for f in files.split(os.pathsep) if f and Path(f).expanduser().exists()]
+    try:
+        if kubeconfig or present:
+            return config.new_client_from_config(
+                config_file=kubeconfig or os.pathsep.join(present), context=context
+            )
+        try:
+            config.load_incluster_config()
+        except ConfigException:
+            raise ReadError(
+                f"no kubeconfig found ({files}) and not running in a cluster; "
+                "pass --kubeconfig or set KUBECONFIG"
+            ) from None
+        return client.ApiClient()
+    except (ConfigException, OSError, ValueError) as exc:
+        where = kubeconfig or files
+        raise ReadError(f"cannot use kubeconfig {where}: {exc}") from None
+
+
+def default_namespace(kubeconfig: str | None, context: str | None) -> str:
+    """The namespace of the kubeconfig's context (``default`` when none), as kubectl uses it."""
+    files = kubeconfig or os.environ.get("KUBECONFIG") or str(Path("~/.kube/config").expanduser())
+    present = [f for f in files.split(os.pathsep) if f and Path(f).expanduser().exists()]
+    if not present:
+        found = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+        return found.read_text().strip() if found.exists() else "default"
+    try:
+        contexts, active = config.list_kube_config_contexts(config_file=os.pathsep.join(present))
+    except (ConfigException, OSError, ValueError):
+        return "default"
+    chosen = next((c for c in contexts if c["name"] == context), active) if context else active
+    return str(((chosen or {}).get("context") or {}).get("namespace") or "default")
+
+
+def _items(response: Any) -> list[dict[str, Any]]:
+    doc = json.loads(response.data)
+    return list(doc.get("items") or [])
+
+
+def _denied(what: str, exc: ApiException) -> ReadError:
+    return ReadError(f"cannot list {what}: {exc.status} {exc.reason}")
+
+
+class Reader:
+    def __init__(self, api: Any) -> None:
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.scheduling = client.SchedulingV1Api(api)
+
+    def pods(self, namespace: str | None) -> list[dict[str, Any]]:
+        try:
+            if namespace is None:
+                return _items(self.core.list_pod_for_all_namespaces(_preload_content=False))
+            return _items(self.core.list_namespaced_pod(namespace, _preload_content=False))
+        except ApiException as exc:
+            raise _denied("pods", exc) from None
+
+    def nodes(self) -> list[dict[str, Any]]:
+        try:
+            return _items(self.core.list_node(_preload_content=False))
+        except ApiException as exc:
+            raise _denied("nodes", exc) from None
+
+    def events(self, namespace: str | None) -> list[dict[str, Any]]:
+        try:
+            if namespace is None:
+                return _items(self.core.list_event_for_all_namespaces(_preload_content=False))
+            return _items(self.core.list_namespaced_event(namespace, _preload_content=False))
+        except ApiException as exc:
+            if exc.status == 403:
+                print(
+                    f"note: cannot list events ({exc.reason}); reasons may be missing",
+                    file=sys.stderr,
+                )
+                return []
+            raise _denied("events", exc) from None
+
+    def _groups(self, group: str, versions: tuple[str, ...], namespace: str | None) -> list[Any]:
+        for version in versions:
+            try:
+                if namespace is None:
+                    found = self.custom.list_cluster_custom_object(group, version, "podgroups")
+                else:
+                    found = self.custom.list_namespaced_custom_object(
+                        group, version, namespace, "podgroups"
+                    )
+            except ApiException as exc:
+                if exc.status == 404:
+                    continue
+                if exc.status == 403:
+                    print(f"note: cannot list podgroups.{group} ({exc.reason})", file=sys.stderr)
+                    return []
+                raise _denied(f"podgroups.{group}", exc) from None
+            return list(found.get("items") or [])
+        return []
+
+    def priorities(self) -> dict[str, int]:
+        try:
+            found = _items(self.scheduling.list_priority_class(_preload_content=False))
+        except ApiException:
+            return {}
+        return {str(i["metadata"]["name"]): int(i.get("value") or 0) for i in found}
+
+    def pod_groups(self, namespace: str | None) -> list[PodGroup]:
+        plugins, volcano, kubernetes = (self._groups(g, v, namespace) for g, v in GROUPS)
+        priorities = self.priorities() if volcano else {}
+        return [
+            *(convert.pod_group(r) for r in plugins),
+            *(convert.volcano_pod_group(r, priorities) for r in volcano),
+            *(convert.kubernetes_pod_group(r) for r in kubernetes),
+        ]
+
+    def cluster(self, namespace: str | None, *, with_events: bool = True) -> Cluster:
+        return Cluster(
+            pods=self.pods(namespace),
+            nodes=[],
+            events=self.events(namespace) if with_events else [],
+            groups=self.pod_groups(namespace),
+        )
+
+    def node_view(self) -> Cluster:
+        return Cluster(pods=self.pods(None), nodes=self.nodes(), events=[], groups=[])
