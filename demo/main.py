@@ -25,7 +25,7 @@ from rich.table import Table
 
 from demo.scenario import Demo, ExpectationFailed, Options, summary_rows
 from devcluster import build
-from nodeagent.testing.clouds import CLOUDS
+from fakes.clouds import CLOUDS
 
 
 def parser() -> argparse.ArgumentParser:

@@ -1,0 +1,61 @@
+"""Waiting for something to become true, the one way every test does it.
+
+Tests never sleep to let time pass: they poll a probe until it holds, and fail with what they
+were waiting for when it does not hold in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import pytest
+
+T = TypeVar("T")
+
+
+def poll(probe: Callable[[], T | None], *, timeout: float, interval: float = 0.25) -> T | None:
+    """Call ``probe`` every ``interval`` s until it returns something truthy (returned), or
+    ``timeout`` s pass (``None``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(interval)
+
+
+def eventually(
+    probe: Callable[[], T | None], *, timeout: float = 90, interval: float = 0.25, what: str = ""
+) -> T:
+    """``poll`` that fails the test, naming ``what``, when ``probe`` never holds."""
+    value = poll(probe, timeout=timeout, interval=interval)
+    if not value:
+        pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+    return value
+
+
+async def arrives(
+    probe: Callable[[], T | Awaitable[T | None] | None],
+    *,
+    seconds: float = 10,
+    interval: float = 0.01,
+    what: str = "",
+) -> T:
+    """``eventually`` inside an event loop: the loop keeps running while it waits, and
+    ``probe`` may be a coroutine function."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = probe()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {seconds:.0f} s waiting for {what}")
+        await asyncio.sleep(interval)
