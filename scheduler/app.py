@@ -27,7 +27,9 @@ from scheduler.k8s.status import ApiBinder, ApiReporter
 from scheduler.k8s.view import ClusterView
 from scheduler.metrics import Metrics
 from scheduler.runner import Runner, Settings
-from scheduler.settings import CliSettings
+from scheduler.settings import CliSettings, split_address
+from scheduler.web import server as web_view
+from scheduler.web.feed import Feed, Tee
 from scheduler.webhook import serving
 
 log = structlog.get_logger("scheduler")
@@ -79,6 +81,8 @@ class _Program:
     stop: threading.Event
     loop: threading.Thread
     stall_timeout: float
+    #: What the web view shows (``--web-view``); ``None`` when it is off.
+    feed: Feed | None = None
 
     def start(self) -> None:
         """Informers first, then the lease, then the scheduling loop that waits for both."""
@@ -129,7 +133,15 @@ def _wire(settings: CliSettings, api: Any, workers: int) -> _Program:
     reporter = ApiReporter(api, TokenBucket(float(settings.qps), int(settings.burst)), name)
     metrics.status_backlog.set_function(lambda: reporter.backlog)
     binder = ApiBinder(api, limiter, cache.has_node)
-    runner = Runner(cache, binder, reporter, _runner_settings(settings, name, workers), metrics)
+    feed = Feed(name) if settings.web_view else None
+    runner = Runner(
+        cache,
+        binder,
+        reporter if feed is None else Tee(reporter, feed),
+        _runner_settings(settings, name, workers),
+        metrics,
+        observe=None if feed is None else feed.observe,
+    )
     view = ClusterView(api, cache, lambda freed: runner.wake(freed=freed))
     elector = _elector(settings, api, name, runner)
     stop = threading.Event()
@@ -146,6 +158,7 @@ def _wire(settings: CliSettings, api: Any, workers: int) -> _Program:
         stop=stop,
         loop=loop,
         stall_timeout=float(settings.stall_timeout),
+        feed=feed,
     )
 
 
@@ -189,6 +202,7 @@ async def _serve(settings: CliSettings, program: _Program) -> None:
     )
     log.info("http_serving", host=settings.http_host, port=port)
     webhook = await _start_webhook(settings, program.api)
+    view = await _start_web_view(settings, program.feed)
     done = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -204,9 +218,27 @@ async def _serve(settings: CliSettings, program: _Program) -> None:
                 if webhook is not None:
                     await webhook.tend()
     finally:
+        if view is not None:
+            await view.close()
         if webhook is not None:
             await webhook.close()
         await http.cleanup()
+
+
+async def _start_web_view(settings: CliSettings, feed: Feed | None) -> web_view.Serving | None:
+    """The read-only web view when asked for; one that cannot start is logged and left out."""
+    if feed is None:
+        return None
+    host, port = split_address(str(settings.web_view))
+    try:
+        view = await web_view.serve(host, port, feed)
+    except OSError as exc:
+        log.error("web_view_not_started", error=str(exc), address=settings.web_view)
+        return None
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{view.port}/"
+    log.info("web_view_serving", host=host, port=view.port, url=url)
+    return view
 
 
 async def _start_webhook(settings: CliSettings, api: Any) -> serving.Webhook | None:

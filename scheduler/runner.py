@@ -100,6 +100,11 @@ class Reporter(Protocol):
         """``gang`` stayed torn since ``since``: its bound members are being evicted."""
 
 
+#: Told each cycle's snapshot and the gangs built from it (valid, invalid) at ``now``: must
+#: only keep references (the web view's feed, docs/web-view.md).
+Observer = Callable[[Snapshot, list[Gang], list[InvalidGang], float], None]
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     scheduler_name: str
@@ -134,6 +139,7 @@ class Runner:
         *,
         clock: Callable[[], float] = time.time,
         executor: Executor | None = None,
+        observe: Observer | None = None,
     ) -> None:
         self.cache = cache
         self.binder = binder
@@ -144,6 +150,7 @@ class Runner:
             initial_backoff=settings.initial_backoff, max_backoff=settings.max_backoff
         )
         self._clock = clock
+        self._observe = observe
         self._wakeup = threading.Event()
         self._freed = threading.Event()
         self._binds = executor or ThreadPoolExecutor(
@@ -216,7 +223,7 @@ class Runner:
         now = self._clock()
         self._take_news(now)
         snapshot = self.cache.snapshot()
-        gangs = self._read_gangs(snapshot)
+        gangs = self._read_gangs(snapshot, now)
         working = self._publish_state(gangs, snapshot, now)
         leaving, reserved = self._track_victims(gangs, snapshot.pods, now)
         self._track_torn(gangs, now)
@@ -246,11 +253,13 @@ class Runner:
         for key in self.cache.expire(now):
             log.warning("assume_expired", pod=key)
 
-    def _read_gangs(self, snapshot: Snapshot) -> list[Gang]:
+    def _read_gangs(self, snapshot: Snapshot, now: float) -> list[Gang]:
         """The snapshot's gangs; invalid ones are reported, and gangs gone leave the queue."""
         gangs, invalid = self._gangs.build(
             snapshot.pods.values(), snapshot.pod_groups, snapshot.members
         )
+        if self._observe is not None:
+            self._observe(snapshot, gangs, invalid, now)
         self._report_invalid(invalid)
         self.queue.prune(g.key for g in gangs)
         return gangs

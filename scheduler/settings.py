@@ -69,6 +69,24 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _address(text: str) -> str:
+    """``HOST:PORT``, ``:PORT`` or ``PORT`` (loopback), ``[IPv6]:PORT``; "" is off."""
+    text = text.strip()
+    if not text:
+        return ""
+    host, _, port = text.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT or PORT with a port from 0 to 65535, got {text!r}")
+    return f"{host}:{int(port)}"
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """The host and port of a value ``_address`` accepted."""
+    host, _, port = address.rpartition(":")
+    return host, int(port)
+
+
 def _absolute(text: str) -> str:
     if not text.startswith("/"):
         raise ValueError(f"expected an absolute path, got {text!r}")
@@ -160,6 +178,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("lease-namespace", "kube-system", str, "namespace of the leader-election Lease"),
     Option("lease-name", "", str, "name of the Lease (default: the scheduler name)"),
     Option("log-format", "auto", str, "json, console, or auto (console on a terminal)"),
+    Option(
+        "web-view",
+        "",
+        _address,
+        "serve the read-only live web view at HOST:PORT (PORT alone: on 127.0.0.1; '' : off; "
+        "docs/web-view.md)",
+    ),
     *WEBHOOK_OPTIONS,
 )
 

@@ -1,0 +1,141 @@
+"""What the web view shows, held between the scheduling loop and the page.
+
+The loop hands over references only (:meth:`Feed.observe`: the snapshot and the gangs it has
+just built, once per cycle) and the reporter's calls are copied into small bounded records
+(:class:`Tee`), so the loop pays a lock and an assignment. The document is built later, off the
+loop, by whoever asks (:meth:`Feed.document`, the server's publisher at most every
+``--web-view`` interval), from the newest references.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from scheduler.cache.cache import Snapshot
+from scheduler.gang.group_status import GroupStatus
+from scheduler.model import Gang, GangKey, InvalidGang, NodeName, PodGroup, PodRequest
+from scheduler.runner import Reporter
+from scheduler.web import state
+from scheduler.web.state import Entry, Reason
+
+#: Reasons kept for gangs the loop no longer reports (bounded; the oldest go first).
+MAX_REASONS = 10_000
+
+
+class Feed:
+    def __init__(self, scheduler: str, *, clock: Callable[[], float] = time.time) -> None:
+        self.scheduler = scheduler
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._latest: tuple[Snapshot, list[Gang], list[InvalidGang], float] | None = None
+        self._reasons: dict[GangKey, Reason] = {}
+        self._timeline: deque[Entry] = deque(maxlen=state.TIMELINE_LENGTH)
+        #: Grows with every change; the publisher builds a document only when it moved.
+        self.version = 0
+        # Only the builder (one caller at a time: the server's publisher) reads these.
+        self._built_from: Snapshot | None = None
+
+    # -- from the loop and the reporter's callers (any thread) ------------------------------------
+    def observe(
+        self, snapshot: Snapshot, gangs: list[Gang], invalid: list[InvalidGang], now: float
+    ) -> None:
+        with self._lock:
+            self._latest = (snapshot, gangs, invalid, now)
+            self.version += 1
+
+    def reason(self, gang: GangKey, message: str, waiting: bool) -> None:
+        with self._lock:
+            if len(self._reasons) >= MAX_REASONS:
+                self._reasons.pop(next(iter(self._reasons)))
+            self._reasons[gang] = Reason(message, waiting, self._clock())
+            self.version += 1
+
+    def record(self, kind: str, text: str, **where: str | None) -> None:
+        with self._lock:
+            self._timeline.append(Entry(self._clock(), kind, text, **where))
+            self.version += 1
+
+    # -- from the server ---------------------------------------------------------------------------
+    def document(self) -> dict[str, Any] | None:
+        """The newest document (``None`` before the loop's first cycle); call from one thread
+        at a time (it compares each snapshot with the one before it for the timeline)."""
+        with self._lock:
+            latest = self._latest
+            reasons = dict(self._reasons)
+        if latest is None:
+            return None
+        snapshot, gangs, invalid, now = latest
+        if snapshot is not self._built_from:
+            found = state.changes(self._built_from, snapshot, self._clock())
+            self._built_from = snapshot
+            if found:
+                with self._lock:
+                    self._timeline.extend(found)
+        with self._lock:
+            timeline = list(self._timeline)
+        return state.document(
+            self.scheduler,
+            snapshot,
+            gangs=gangs,
+            invalid=invalid,
+            reasons=reasons,
+            timeline=timeline,
+            now=now,
+        )
+
+
+class Tee:
+    """A :class:`Reporter` that tells ``inner`` everything and the feed what the page shows."""
+
+    def __init__(self, inner: Reporter, feed: Feed) -> None:
+        self.inner = inner
+        self.feed = feed
+
+    def unschedulable(
+        self, gang: Gang, pods: Sequence[PodRequest], message: str, *, waiting: bool = False
+    ) -> None:
+        self.inner.unschedulable(gang, pods, message, waiting=waiting)
+        self.feed.reason(gang.key, message, waiting)
+
+    def scheduled(self, gang: Gang, pod: PodRequest, node: NodeName) -> None:
+        self.inner.scheduled(gang, pod, node)
+        self.feed.record(
+            "bind", f"{pod.key} bound to {node}", gang=gang.key, pod=pod.key, node=node
+        )
+
+    def bind_failed(self, pod: PodRequest, node: NodeName, error: str) -> None:
+        self.inner.bind_failed(pod, node, error)
+
+    def asked_to_leave(self, pod: PodRequest, gang: Gang, leave_by: float) -> None:
+        self.inner.asked_to_leave(pod, gang, leave_by)
+        self.feed.record(
+            "reclaim",
+            f"{pod.key} on {pod.node} asked to leave for {gang.key}",
+            gang=gang.key,
+            pod=pod.key,
+            node=pod.node,
+        )
+
+    def nominated(self, pod: PodRequest, node: NodeName) -> None:
+        self.inner.nominated(pod, node)
+
+    def invalid(self, gang: InvalidGang) -> None:
+        self.inner.invalid(gang)
+
+    def group_status(self, group: PodGroup, status: GroupStatus) -> None:
+        self.inner.group_status(group, status)
+
+    def gang_status(self, gang: Gang) -> None:
+        self.inner.gang_status(gang)
+
+    def torn(self, gang: Gang, release_at: float) -> None:
+        self.inner.torn(gang, release_at)
+        self.feed.record("torn", f"{gang.key} below its minimum with members bound", gang=gang.key)
+
+    def released(self, gang: Gang, since: float) -> None:
+        self.inner.released(gang, since)
+        self.feed.record("released", f"{gang.key} stayed torn: members released", gang=gang.key)
