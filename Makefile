@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv devcluster lint unit integration test demo clean
+.PHONY: venv devcluster browser lint unit integration test demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,11 @@ venv: $(STAMP)
 devcluster: $(STAMP)
 	$(PY) -m devcluster build
 
+# Chromium from Debian's packages for the web view's browser tests (root installs it; without
+# it those tests are skipped, saying why).
+browser: $(STAMP)
+	-$(PY) -m devcluster browser
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -29,11 +34,11 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit
 
-integration: devcluster
+integration: devcluster browser
 	$(PY) -m pytest tests/integration
 
 # Lint, type-check, layer contracts, then every test (unit and integration) in one run.
-test: lint devcluster
+test: lint devcluster browser
 	$(PY) -m pytest
 
 demo: devcluster

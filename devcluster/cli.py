@@ -10,8 +10,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from devcluster import browser, cluster, tools, versions
 from devcluster import build as builder
-from devcluster import cluster, tools, versions
 from devcluster.errors import DevclusterError, NotRunningError
 
 RUN_DIR_ENV = "SHOAL_DEVCLUSTER_RUN_DIR"
@@ -77,6 +77,11 @@ def parser() -> argparse.ArgumentParser:
     )
 
     sub.add_parser("down", help="stop every process `up` started")
+    sub.add_parser(
+        "browser",
+        help="install Chromium from Debian's packages for the web view's tests (root; no-op "
+        "when there is one) and print its path",
+    )
     sub.add_parser("status", help="print the components, their memory and the API server state")
 
     n = sub.add_parser("nodes", help="create fake GPU nodes that kwok runs")
@@ -174,6 +179,9 @@ def _run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - one return per sub
         return 0
     if args.command == "status":
         return _status(run_dir)
+    if args.command == "browser":
+        print(browser.ensure())
+        return 0
     if args.command == "nodes":
         return _nodes(args)
     raise AssertionError(args.command)

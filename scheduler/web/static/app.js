@@ -12,7 +12,7 @@ function el(tag, className, text) {
 function hue(key) {
   let h = 0;
   for (let i = 0; i < key.length; i++) h = (h * 31 + key.charCodeAt(i)) >>> 0;
-  return h % 360;
+  return Math.round((h % 1000) * 137.508) % 360; // golden angle: near keys, far hues
 }
 
 function colour(key) {

@@ -1,0 +1,87 @@
+"""Chromium for the web view's browser tests, from Debian's packages.
+
+``find`` says where a usable ``chromium`` is, or why there is none; ``ensure`` installs the
+Debian package ``chromium`` when it is missing and this process may (root, with apt-get),
+keeping the downloaded packages in the cache beside the control plane's binaries
+(``~/.cache/shoal/devcluster/apt``), so that a machine that lost the package installs it again
+without downloading. Without root or apt-get there is nothing to install with: the tests that
+need the browser are skipped with the reason ``find`` gives.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Final
+
+from devcluster import build
+from devcluster.errors import DevclusterError
+from devcluster.versions import cache_root
+
+#: The Debian package and the names its binary has had.
+PACKAGE: Final = "chromium"
+NAMES: Final = ("chromium", "chromium-browser")
+#: Where a browser outside the PATH may be named.
+ENV: Final = "SHOAL_CHROMIUM"
+
+
+class BrowserUnavailable(DevclusterError):
+    """No Chromium here, and none can be installed; the message says why."""
+
+
+def find() -> Path:
+    """The Chromium binary to run; :class:`BrowserUnavailable` saying why there is none."""
+    named = os.environ.get(ENV)
+    if named:
+        if os.access(named, os.X_OK):
+            return Path(named)
+        raise BrowserUnavailable(f"{ENV}={named} is not an executable file")
+    for name in NAMES:
+        found = shutil.which(name)
+        if found:
+            return Path(found)
+    raise BrowserUnavailable(
+        f"no {' or '.join(NAMES)} on PATH: install Debian's package `{PACKAGE}` "
+        "(`make browser` as root does) or name one in " + ENV
+    )
+
+
+def ensure(*, say: build.Say = build._say) -> Path:
+    """The Chromium binary, installed from Debian's packages first when it is missing."""
+    try:
+        return find()
+    except BrowserUnavailable as missing:
+        reason = missing
+    if not shutil.which("apt-get"):
+        raise BrowserUnavailable(f"{reason}; apt-get is not available here")
+    if os.geteuid() != 0:
+        raise BrowserUnavailable(f"{reason}; installing it needs root")
+    archives = cache_root() / "apt"
+    (archives / "partial").mkdir(parents=True, exist_ok=True)
+    say(f"devcluster: installing Debian's {PACKAGE} (packages kept in {archives})")
+    if _install(archives) != 0:
+        # The package lists may be missing or stale (a fresh machine): read them once.
+        subprocess.run(["apt-get", "update", "-qq"], check=False)
+        if _install(archives) != 0:
+            raise BrowserUnavailable(f"{reason}; `apt-get install {PACKAGE}` failed")
+    return find()
+
+
+def _install(archives: Path) -> int:
+    command = [
+        "apt-get",
+        "install",
+        "-y",
+        "-qq",
+        "--no-install-recommends",
+        "-o",
+        f"Dir::Cache::archives={archives}",
+        # The cache is root's: apt's download user could not write there.
+        "-o",
+        "APT::Sandbox::User=root",
+        PACKAGE,
+    ]
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    return subprocess.run(command, env=env, check=False).returncode
