@@ -104,6 +104,7 @@ def test_the_charts_options_render(helm: Path) -> None:
             "agent.logFormat=console",
             "images.agent.tag=9.9.9",
             "scheduler.replicas=3",
+            "scheduler.webView=127.0.0.1:10261",
         )
     )
     monitors = sorted(k[3] for k in objects if k[1] == "ServiceMonitor")
@@ -118,6 +119,8 @@ def test_the_charts_options_render(helm: Path) -> None:
     assert container["args"][-2:] == ["--log-format", "console"]
     scheduler = objects[("apps/v1", "Deployment", NAMESPACE, "shoal-scheduler")]
     assert scheduler["spec"]["replicas"] == 3
+    args = scheduler["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--web-view") + 1] == "127.0.0.1:10261"
 
 
 def _gone(devcluster: Devcluster, obj: dict[str, Any]) -> bool:
