@@ -38,6 +38,7 @@ class Feed:
         self.version = 0
         # Only the builder (one caller at a time: the server's publisher) reads these.
         self._built_from: Snapshot | None = None
+        self._memo = state.NodeMemo()
 
     # -- from the loop and the reporter's callers (any thread) ------------------------------------
     def observe(
@@ -85,6 +86,7 @@ class Feed:
             reasons=reasons,
             timeline=timeline,
             now=now,
+            memo=self._memo,
         )
 
 

@@ -3,14 +3,16 @@
 
 ``GET /`` is the page (``static/``, package data: no build step, nothing loaded from elsewhere,
 a Content-Security-Policy that allows only this origin), ``GET /state`` the document as JSON,
-``GET /events`` the same document as server-sent events, sent again when it changed and at
-most every ``interval`` seconds. Every other method, on any path, is 405.
+``GET /events`` the same document as server-sent events, sent again when it changed, at most
+every ``interval`` seconds and only while a page listens. Every other method, on any path, is
+405.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass
 from importlib import resources
 
@@ -51,25 +53,35 @@ class Publisher:
         self.latest: bytes | None = None
         self._seen = -1
         self._streams: set[asyncio.Queue[bytes]] = set()
-        self._changed = asyncio.Event()
+        #: One build at a time (``Feed.document`` compares each snapshot with the one before).
+        self._building = asyncio.Lock()
 
     async def run(self) -> None:
+        """Refresh while a page listens; a document that takes long to build is built less
+        often (at most a fifth of the time goes to building), so a large cluster's view never
+        competes with the loop for long."""
         while True:
-            try:
-                await self.refresh()
-            except Exception:  # a bad document must not end the view
-                log.exception("web_view_failed")
-            await asyncio.sleep(self.interval)
+            took = 0.0
+            if self._streams:
+                started = time.perf_counter()
+                try:
+                    await self.refresh()
+                except Exception:  # a bad document must not end the view
+                    log.exception("web_view_failed")
+                took = time.perf_counter() - started
+            await asyncio.sleep(max(self.interval, 4 * took))
 
     async def refresh(self) -> None:
-        version = self.feed.version
-        if version == self._seen:
-            return
-        doc = await asyncio.to_thread(self.feed.document)
-        self._seen = version
-        if doc is None:
-            return
-        self.latest = json.dumps(doc, separators=(",", ":")).encode()
+        """Build the document again if the feed moved since the last one."""
+        async with self._building:
+            version = self.feed.version
+            if version == self._seen:
+                return
+            doc = await asyncio.to_thread(self.feed.document)
+            self._seen = version
+            if doc is None:
+                return
+            self.latest = json.dumps(doc, separators=(",", ":")).encode()
         for queue in self._streams:
             _offer(queue, self.latest)
 
@@ -102,8 +114,7 @@ async def _page(request: web.Request) -> web.Response:
 
 async def _state(request: web.Request) -> web.Response:
     publisher = request.app[PUBLISHER]
-    if publisher.latest is None:
-        await publisher.refresh()
+    await publisher.refresh()
     body = publisher.latest or b"null"
     return web.Response(body=body, content_type="application/json", headers=HEADERS)
 
@@ -112,6 +123,7 @@ async def _events(request: web.Request) -> web.StreamResponse:
     publisher = request.app[PUBLISHER]
     response = web.StreamResponse(headers={**HEADERS, "Content-Type": "text/event-stream"})
     await response.prepare(request)
+    await publisher.refresh()  # nothing is built while no page listens
     queue = publisher.subscribe()
     try:
         while True:

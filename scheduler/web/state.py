@@ -137,9 +137,8 @@ def _gpu_cells(node: Node, pods: Sequence[PodRequest]) -> list[dict[str, Any]]:
 
 
 def _node(
-    state_node: Node, pods: Sequence[PodRequest], free: int, gang_of: Mapping[PodKey, GangKey]
+    node: Node, pods: Sequence[PodRequest], free: int, gang_of: Mapping[PodKey, GangKey]
 ) -> dict[str, Any]:
-    node = state_node
     cells = _gpu_cells(node, pods)
     for island in cells:
         for gpu in island["gpus"]:
@@ -198,6 +197,38 @@ def _gang(gang: Gang, reason: Reason | None, queued: int | None) -> dict[str, An
     }
 
 
+class NodeMemo:
+    """Each node's entry as last built, reused while the node and its pods are the very same
+    objects (the cache hands out unchanged values again) and their gangs and free GPUs the
+    same: most of a document's cost is its nodes, and most nodes do not change."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[Node, tuple[PodRequest, ...], tuple[Any, ...], Any]] = {}
+
+    def entry(
+        self, node: Node, pods: Sequence[PodRequest], free: int, gang_of: Mapping[PodKey, GangKey]
+    ) -> dict[str, Any]:
+        held = tuple(sorted(pods, key=lambda p: p.key))
+        tag = (free, *(gang_of.get(p.key) for p in held))
+        kept = self._entries.get(node.name)
+        if (
+            kept is not None
+            and kept[0] is node
+            and len(kept[1]) == len(held)
+            and all(a is b for a, b in zip(kept[1], held, strict=True))
+            and kept[2] == tag
+        ):
+            return kept[3]  # type: ignore[no-any-return]
+        built = _node(node, held, free, gang_of)
+        self._entries[node.name] = (node, held, tag, built)
+        return built
+
+    def keep_only(self, names_: Iterable[str]) -> None:
+        alive = set(names_)
+        for name in [n for n in self._entries if n not in alive]:
+            del self._entries[name]
+
+
 def document(
     scheduler: str,
     snapshot: Snapshot,
@@ -207,18 +238,22 @@ def document(
     reasons: Mapping[GangKey, Reason],
     timeline: Iterable[Entry],
     now: float,
+    memo: NodeMemo | None = None,
 ) -> dict[str, Any]:
-    """Everything the page shows, as JSON-ready values (nodes sorted by rack, then name)."""
+    """Everything the page shows, as JSON-ready values (nodes sorted by rack, then name);
+    ``memo`` keeps node entries from one document to the next (they must not be changed)."""
     gangs = list(gangs)
+    memo = memo or NodeMemo()
     gang_of: dict[PodKey, GangKey] = {p.key: g.key for g in gangs for p in g.members}
     on_node: dict[str, list[PodRequest]] = {}
     for pod in snapshot.pods.values():
         if pod.holds_resources and pod.node is not None:
             on_node.setdefault(pod.node, []).append(pod)
     nodes = [
-        _node(state.node, on_node.get(name, ()), state.free.gpu, gang_of)
+        memo.entry(state.node, on_node.get(name, ()), state.free.gpu, gang_of)
         for name, state in snapshot.nodes.items()
     ]
+    memo.keep_only(snapshot.nodes)
     nodes.sort(key=lambda n: (n["rack"] or "", n["name"]))
     waiting = sorted((g for g in gangs if has_work(g)), key=lambda g: (not torn(g), order_key(g)))
     position = {g.key: i for i, g in enumerate(waiting, start=1)}

@@ -12,6 +12,7 @@ import pytest
 
 from contracts import names
 from scheduler import settings
+from scheduler.cache import Cache
 from scheduler.gang.build import build_gangs
 from scheduler.model import GangKey, NodeName, Taint
 from scheduler.web import server, state
@@ -231,3 +232,26 @@ def test_the_flag_is_off_by_default_and_loopback_unless_a_host_is_given() -> Non
     assert settings.split_address(settings._address("[::1]:9")) == ("::1", 9)
     with pytest.raises(settings.SettingsError, match="--web-view: expected HOST:PORT"):
         settings.resolve(["--web-view", "localhost:http"], env={})
+
+
+def test_nodes_that_did_not_change_are_reused_and_the_others_rebuilt() -> None:
+    cache = Cache()
+    for name in ("m1", "m2"):
+        cache.set_node(node(name, gpus=8, island_size=4))
+    cache.set_pod(pod("j-0", gang="j", gpus=2, node="m1"))
+    memo = state.NodeMemo()
+
+    def build() -> dict[str, Any]:
+        snap = cache.snapshot()
+        gangs, invalid = build_gangs(snap.pods.values(), snap.pod_groups, SCHED)
+        return state.document(
+            SCHED, snap, gangs=gangs, invalid=invalid, reasons={}, timeline=[], now=0, memo=memo
+        )
+
+    before = build()
+    cache.set_pod(pod("j-1", gang="j", gpus=2, node="m2"))
+    after = build()
+    assert after["nodes"][0] is before["nodes"][0]  # m1: the same pods, the same entry
+    assert _owners(before, "m2") == [[None] * 4, [None] * 4]
+    assert _owners(after, "m2") == [["ns/j", "ns/j", None, None], [None] * 4]
+    assert after["nodes"][1]["gpusFree"] == 6
