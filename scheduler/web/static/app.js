@@ -9,14 +9,25 @@ function el(tag, className, text) {
   return node;
 }
 
-function hue(key) {
-  let h = 0;
-  for (let i = 0; i < key.length; i++) h = (h * 31 + key.charCodeAt(i)) >>> 0;
-  return Math.round((h % 1000) * 137.508) % 360; // golden angle: near keys, far hues
-}
+// Twelve well-separated colours, then golden-angle hues; each gang keeps the colour it got
+// when the page first saw it.
+const PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#76b7b2",
+  "#edc948", "#9c755f", "#ff9da7", "#2f4b7c", "#a05195", "#665191"];
+const colours = new Map();
 
 function colour(key) {
-  return "hsl(" + hue(key) + ", 65%, 52%)";
+  if (!colours.has(key)) {
+    const n = colours.size;
+    colours.set(key, n < PALETTE.length
+      ? PALETTE[n]
+      : "hsl(" + Math.round(n * 137.508) % 360 + ", 60%, 50%)");
+  }
+  return colours.get(key);
+}
+
+function assignColours(doc) {
+  // In the order the gangs are listed, so that the first gangs get the clearest colours.
+  for (const gang of doc.gangs) colour(gang.key);
 }
 
 function time(seconds) {
@@ -147,6 +158,7 @@ function render(doc) {
   if (!doc) return;
   document.getElementById("scheduler").textContent = doc.scheduler;
   document.getElementById("updated").textContent = "as of " + time(doc.now) + " UTC";
+  assignColours(doc);
   renderCluster(doc);
   renderGangs(doc);
   renderTimeline(doc);
