@@ -26,6 +26,9 @@ def test_the_wheel_holds_the_product_and_no_tooling(tmp_path: Path) -> None:
     assert tops == PRODUCT
     assert [f for f in files if f.startswith(TOOLING)] == []
     assert "nodeagent/notify/notices_pb2.py" in files  # generated code the agent needs
+    # The web view's page is package data, served by the scheduler itself.
+    for name in ("index.html", "app.js", "app.css"):
+        assert f"scheduler/web/static/{name}" in files
 
     # kubectl finds the plugin as `kubectl-shoal` on PATH, its completion as
     # `kubectl_complete-shoal`: both are installed with the package and run.
