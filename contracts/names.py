@@ -1,5 +1,6 @@
 """Label, annotation and taint keys users and the two programs rely on (docs/architecture.md)."""
 
+import re
 from typing import Final
 
 DOMAIN: Final = "shoal.dev"
@@ -78,6 +79,11 @@ CHECKPOINT_SIZE_ANNOTATION: Final = "shoal.dev/checkpoint-size"
 CHECKPOINT_STORAGE_CLASS_ANNOTATION: Final = "shoal.dev/checkpoint-storage-class"
 #: mounted here in every container (default ``/checkpoints``).
 CHECKPOINT_PATH_ANNOTATION: Final = "shoal.dev/checkpoint-path"
+#: How long the pod's checkpoint takes, in seconds (``20``, ``1.5``; at most a day): a notice
+#: that gives less gets a Warning Event on the pod saying what will be lost (docs/workers.md).
+CHECKPOINT_SECONDS_ANNOTATION: Final = "shoal.dev/checkpoint-seconds"
+#: The longest checkpoint time ``shoal.dev/checkpoint-seconds`` may declare.
+MAX_CHECKPOINT_SECONDS: Final = 86400.0
 #: Set by the webhook on a pod whose wiring request it could not follow: what was wrong.
 WIRING_WARNING_ANNOTATION: Final = "shoal.dev/wiring-warning"
 #: The worker library's environment: the pod's identity, the agent's socket, the files.
@@ -90,3 +96,20 @@ LEAVE_BY_FILE_ENV: Final = "SHOAL_LEAVE_BY_FILE"
 #: in its DaemonSet); a worker joins it to connect.
 SOCKET_GROUP: Final = 65532
 CHECKPOINT_DIR_ENV: Final = "SHOAL_CHECKPOINT_DIR"
+#: ``shoal.dev/checkpoint-seconds`` as the worker library reads it.
+CHECKPOINT_SECONDS_ENV: Final = "SHOAL_CHECKPOINT_SECONDS"
+
+
+def parse_checkpoint_seconds(text: str) -> float:
+    """The seconds ``shoal.dev/checkpoint-seconds`` declares: a plain decimal number above 0 and
+    at most :data:`MAX_CHECKPOINT_SECONDS`; ``ValueError`` for anything else."""
+    value = text.strip()
+    if not _SECONDS.fullmatch(value):
+        raise ValueError(f"{text!r} is not a number of seconds")
+    seconds = float(value)
+    if not 0 < seconds <= MAX_CHECKPOINT_SECONDS:
+        raise ValueError(f"{text!r} is not between 0 and {MAX_CHECKPOINT_SECONDS:g} seconds")
+    return seconds
+
+
+_SECONDS = re.compile(r"^(\d+(\.\d*)?|\.\d+)$")

@@ -88,6 +88,8 @@ class Pod:
     the pod, so a restarted agent does not repeat a notice. ``leaving`` is true once the pod has a
     deletion timestamp. ``reclaimed_for`` is the scheduler's ``shoal.dev/reclaimed-for``: the
     gang the scheduler takes the pod back for, its ``leave_by`` then being the scheduler's.
+    ``checkpoint_seconds`` is how long the pod says its checkpoint takes
+    (``shoal.dev/checkpoint-seconds``; None when it does not say, or says it wrongly).
     """
 
     key: PodKey
@@ -97,6 +99,7 @@ class Pod:
     leave_by: datetime | None = None
     leaving: bool = False
     reclaimed_for: str | None = None
+    checkpoint_seconds: float | None = None
 
 
 # --- Actions: what the store says is due; adapters carry them out and report back. ---------

@@ -13,7 +13,9 @@ is counted, and wakes the reconcile loop for what follows (an eviction once a po
 A withdrawal is told to the pod's watches before its annotation is cleared; the cloud is not
 acknowledged on a dry run. A pod the scheduler reclaims (``shoal.dev/reclaimed-for``) keeps the
 scheduler's ``shoal.dev/leave-by``: the agent tells its watches but never writes or clears that
-annotation, so the scheduler's eviction time stays as the scheduler wrote it.
+annotation, so the scheduler's eviction time stays as the scheduler wrote it. A pod told of a
+notice that gives it less time than its checkpoint takes (``shoal.dev/checkpoint-seconds``) gets
+a log line and a Warning Event saying so (:func:`nodeagent.store.short_notice`).
 """
 
 from __future__ import annotations
@@ -34,14 +36,19 @@ from nodeagent.events import (
     EvictPod,
     Notice,
     NotifyPod,
+    Pod,
     SyncNode,
     WithdrawPod,
+    rfc3339,
 )
 from nodeagent.metrics import Metrics
 from nodeagent.providers import Provider
-from nodeagent.store import Store
+from nodeagent.store import Store, short_notice
 
 log = structlog.get_logger("nodeagent")
+
+#: The reason of the Event on a pod whose notice is shorter than its checkpoint.
+SHORT_NOTICE_REASON = "NoticeShorterThanCheckpoint"
 
 
 def target(action: Action) -> str:
@@ -141,9 +148,7 @@ class Executor:
                 await write(cluster.sync_node, notices)
                 return True
             case NotifyPod(pod=pod, notice=notice):
-                # False means the pod is gone: nothing left to tell.
-                if pod.reclaimed_for is None:
-                    await write(cluster.annotate_pod, pod, notice)
+                await self._notify(pod, notice)
                 return True
             case WithdrawPod(pod=pod):
                 self._board.withdraw(pod.uid)
@@ -156,6 +161,34 @@ class Executor:
                 return await write(cluster.delete, pod, self._delete_grace)
             case AckUpstream(notice=notice):
                 return await self._acknowledge_upstream(notice)
+
+    async def _notify(self, pod: Pod, notice: Notice) -> None:
+        """The pod's annotation and Event (not for a reclaim: the scheduler wrote it); and, for a
+        notice shorter than the pod's checkpoint, a log line and a Warning Event saying what is
+        lost (docs/workers.md, "A notice shorter than the checkpoint")."""
+        # False means the pod is gone: nothing left to tell.
+        if pod.reclaimed_for is None and not await self._calls.write(
+            self._cluster.annotate_pod, pod, notice
+        ):
+            return
+        short = short_notice(pod, notice, self._clock())
+        if short is None:
+            return
+        log.warning(
+            "notice_shorter_than_checkpoint",
+            pod=pod.key,
+            event_id=notice.event_id,
+            deadline=rfc3339(notice.deadline),
+            given_seconds=short.given,
+            checkpoint_seconds=short.needed,
+        )
+        try:
+            await self._calls.write(
+                self._cluster.warn_pod, pod, SHORT_NOTICE_REASON, short.message(notice)
+            )
+        except Exception as exc:  # the pod was told: its notice is not sent again for this
+            error = str(exc) or type(exc).__name__
+            log.warning("event_not_recorded", reason=SHORT_NOTICE_REASON, error=error)
 
     async def _acknowledge_upstream(self, notice: Notice) -> bool:
         if self._cluster.dry_run:

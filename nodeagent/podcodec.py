@@ -3,7 +3,9 @@
 The document holds only what identification and the store's decisions need: for each pod its
 namespace, name and uid, whether it is a worker or a daemon, its ``shoal.dev/leave-by`` and
 whether it is being deleted, and the gang the scheduler reclaims it for (``shoal.dev/
-reclaimed-for``, absent when none); and the node it was written for. Anything else (truncated,
+reclaimed-for``, absent when none), and how long its checkpoint takes (``shoal.dev/
+checkpoint-seconds``; absent when it does not say, as in files written before it was kept); and
+the node it was written for. Anything else (truncated,
 malformed, oversized, another node's) is a :class:`CacheError`.
 """
 
@@ -14,6 +16,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
 
+from contracts.names import MAX_CHECKPOINT_SECONDS
 from nodeagent.events import Pod, PodKey, PodUid, parse_rfc3339, rfc3339
 
 VERSION: Final = 1
@@ -43,6 +46,7 @@ def _pod_doc(pod: Pod) -> dict[str, Any]:
         "leave_by": rfc3339(pod.leave_by) if pod.leave_by is not None else None,
         "leaving": pod.leaving,
         "reclaimed_for": pod.reclaimed_for,
+        "checkpoint_seconds": pod.checkpoint_seconds,
     }
 
 
@@ -92,6 +96,13 @@ def _pod(item: object, index: int) -> Pod:
         not isinstance(reclaimed_for, str) or not 0 < len(reclaimed_for) <= _GANG_LIMIT
     ):
         raise CacheError(f"pod {index}: reclaimed_for is not a gang name")
+    checkpoint_seconds = item.get("checkpoint_seconds")
+    if checkpoint_seconds is not None and (
+        isinstance(checkpoint_seconds, bool)
+        or not isinstance(checkpoint_seconds, int | float)
+        or not 0 < checkpoint_seconds <= MAX_CHECKPOINT_SECONDS
+    ):
+        raise CacheError(f"pod {index}: checkpoint_seconds is not a number of seconds")
     return Pod(
         key=PodKey(f"{namespace}/{_text(item, 'name', index)}"),
         uid=PodUid(_text(item, "uid", index)),
@@ -100,6 +111,7 @@ def _pod(item: object, index: int) -> Pod:
         leave_by=leave_by,
         leaving=_flag(item, "leaving", index),
         reclaimed_for=reclaimed_for,
+        checkpoint_seconds=float(checkpoint_seconds) if checkpoint_seconds is not None else None,
     )
 
 

@@ -28,11 +28,13 @@ no last-resort delete.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from contracts import names
 from contracts.times import utc
 from nodeagent.events import (
     RECLAIM_CHANNEL,
@@ -51,6 +53,7 @@ from nodeagent.events import (
     SyncNode,
     Tracked,
     WithdrawPod,
+    rfc3339,
 )
 
 
@@ -143,6 +146,36 @@ def reclaim_notice(pod: Pod) -> Notice | None:
         reason=f"reclaimed for gang {pod.reclaimed_for}",
         scope=frozenset({pod.key}),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ShortNotice:
+    """A notice that gives a pod less time than its checkpoint takes: ``given`` whole seconds
+    from when the pod is told to the notice's deadline, ``needed`` what the pod declares
+    (``shoal.dev/checkpoint-seconds``)."""
+
+    given: int
+    needed: float
+
+    def message(self, notice: Notice) -> str:
+        """What the pod's Event says: the two figures and what is lost."""
+        return (
+            f"The notice gives {self.given} s (leave by {rfc3339(notice.deadline)}, "
+            f"{notice.source} {notice.kind.value}) but the checkpoint takes {self.needed:g} s "
+            f"({names.CHECKPOINT_SECONDS_ANNOTATION}): a checkpoint started now cannot complete "
+            "in time, so the work since the pod's last complete checkpoint will be lost"
+        )
+
+
+def short_notice(pod: Pod, notice: Notice, now: datetime) -> ShortNotice | None:
+    """Whether ``notice``, told to ``pod`` at ``now``, gives it less time than its checkpoint
+    takes; None when the pod declares no checkpoint time or the notice gives enough."""
+    if pod.checkpoint_seconds is None:
+        return None
+    given = max(0, math.floor((notice.deadline - utc(now)).total_seconds()))
+    if given >= pod.checkpoint_seconds:
+        return None
+    return ShortNotice(given=given, needed=pod.checkpoint_seconds)
 
 
 def _whole_seconds(moment: datetime) -> datetime:

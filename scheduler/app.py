@@ -25,6 +25,7 @@ from scheduler.k8s.client import KubeconfigError, TokenBucket, api_client
 from scheduler.k8s.lease import LeaderElector
 from scheduler.k8s.status import ApiBinder, ApiReporter
 from scheduler.k8s.view import ClusterView
+from scheduler.k8s.webhook_config import PodEvents
 from scheduler.metrics import Metrics
 from scheduler.runner import Runner, Settings
 from scheduler.settings import CliSettings, split_address
@@ -77,6 +78,8 @@ class _Program:
     reporter: ApiReporter
     runner: Runner
     view: ClusterView
+    #: Warning Events on new pods the webhook could not wire in full.
+    wiring_events: PodEvents
     elector: LeaderElector | None
     stop: threading.Event
     loop: threading.Thread
@@ -101,6 +104,7 @@ class _Program:
         self.loop.join(timeout=10)
         self.runner.close()
         self.reporter.close()
+        self.wiring_events.close()
         self.api.close()
 
     def healthy(self) -> tuple[bool, str]:
@@ -142,7 +146,10 @@ def _wire(settings: CliSettings, api: Any, workers: int) -> _Program:
         metrics,
         observe=None if feed is None else feed.observe,
     )
-    view = ClusterView(api, cache, lambda freed: runner.wake(freed=freed))
+    wiring_events = PodEvents(api, name)
+    view = ClusterView(
+        api, cache, lambda freed: runner.wake(freed=freed), pod_added=wiring_events.pod_added
+    )
     elector = _elector(settings, api, name, runner)
     stop = threading.Event()
     may_schedule = functools.partial(_may_schedule, view, elector)
@@ -154,6 +161,7 @@ def _wire(settings: CliSettings, api: Any, workers: int) -> _Program:
         reporter=reporter,
         runner=runner,
         view=view,
+        wiring_events=wiring_events,
         elector=elector,
         stop=stop,
         loop=loop,

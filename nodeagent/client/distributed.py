@@ -39,6 +39,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NoReturn
@@ -50,8 +51,15 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from contracts import names
 from contracts.times import parse_time
-from nodeagent.client.watcher import LeaveNotice, NoticeClient, NoticeRefused, PodIdentity
+from nodeagent.client.watcher import (
+    LeaveNotice,
+    NoticeClient,
+    NoticeRefused,
+    PodIdentity,
+    short_notice,
+)
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +186,10 @@ class StopStep:
     agent evicts at once after an acknowledgement; the kubelet's SIGTERM stops torchrun and the
     pod carries the ``DisruptionTarget`` condition a Job's ``podFailurePolicy`` can ignore)
     before it stops its torchrun itself.
+    ``checkpoint_seconds``: how long a checkpoint takes (the pod's
+    ``shoal.dev/checkpoint-seconds``); a notice that gives less is logged as a warning, with
+    what will be lost, before the save. ``last_checkpoint``: the step of the last complete
+    checkpoint (-1 for none; what :func:`resume` returned, minus one), kept by :meth:`saved`.
     """
 
     def __init__(
@@ -186,11 +198,16 @@ class StopStep:
         group: dist.ProcessGroup | None = None,
         every: int = 1,
         eviction_wait: float = 10.0,
+        *,
+        checkpoint_seconds: float | None = None,
+        last_checkpoint: int | None = None,
     ) -> None:
         self.flag = flag
         self.group = group
         self.every = every
         self.eviction_wait = eviction_wait
+        self.checkpoint_seconds = checkpoint_seconds
+        self.last_checkpoint = last_checkpoint
         self.stop: Stop | None = None
         self._device = _collective_device(group)
 
@@ -200,11 +217,18 @@ class StopStep:
         group: dist.ProcessGroup | None = None,
         every: int = 1,
         eviction_wait: float = 10.0,
+        *,
+        last_checkpoint: int | None = None,
     ) -> StopStep:
         """The pod's identity from ``POD_NAMESPACE``/``POD_NAME``/``POD_UID``, the socket from
-        ``SHOAL_SOCKET``, the file from ``SHOAL_LEAVE_BY_FILE``; only ``LOCAL_RANK`` 0 watches."""
+        ``SHOAL_SOCKET``, the file from ``SHOAL_LEAVE_BY_FILE``, the checkpoint time from
+        ``SHOAL_CHECKPOINT_SECONDS``; only ``LOCAL_RANK`` 0 watches."""
+        options: dict[str, Any] = {
+            "checkpoint_seconds": _checkpoint_seconds_from_env(),
+            "last_checkpoint": last_checkpoint,
+        }
         if int(os.environ.get("LOCAL_RANK", "0")) != 0:
-            return cls(None, group, every, eviction_wait)
+            return cls(None, group, every, eviction_wait, **options)
         try:
             client: NoticeClient | None = NoticeClient.from_env()
         except NoticeRefused as exc:
@@ -212,8 +236,13 @@ class StopStep:
             client = None
         leave_by_file = os.environ.get("SHOAL_LEAVE_BY_FILE") or None
         if client is None and leave_by_file is None:
-            return cls(None, group, every, eviction_wait)
-        return cls(NoticeFlag(client, leave_by_file).start(), group, every, eviction_wait)
+            return cls(None, group, every, eviction_wait, **options)
+        flag = NoticeFlag(client, leave_by_file).start()
+        return cls(flag, group, every, eviction_wait, **options)
+
+    def saved(self, step: int) -> None:
+        """A checkpoint of ``step`` is complete (call it after checkpoints of your own)."""
+        self.last_checkpoint = step
 
     def __enter__(self) -> StopStep:
         return self
@@ -268,7 +297,20 @@ class StopStep:
         if stop is None or stop.step != step:
             raise RuntimeError(f"leave({step}) without an agreed stop at that step")
         stopping = _LauncherStop() if stop.leaving and _under_torchrun() else None
+        if self.flag is not None:
+            short = short_notice(
+                self.flag.notice,
+                datetime.now(UTC),
+                self.checkpoint_seconds,
+                step,
+                self.last_checkpoint,
+            )
+            if short is not None:
+                # Saved all the same: the checkpoint may be quicker than declared, and one cut
+                # short is never loaded (its metadata, written last, is missing).
+                log.warning(short)
         save(step)
+        self.saved(step)
         if stop.leaving and self.flag is not None and self.flag.client is not None:
             acknowledge(self.flag.client, step)
         if stopping is not None and int(os.environ.get("LOCAL_RANK", "0")) == 0:
@@ -279,6 +321,17 @@ class StopStep:
         self.close()
         dist.destroy_process_group()
         sys.exit(EXIT_LEFT if stop.leaving else EXIT_REJOIN)
+
+
+def _checkpoint_seconds_from_env() -> float | None:
+    text = os.environ.get(names.CHECKPOINT_SECONDS_ENV)
+    if not text:
+        return None
+    try:
+        return names.parse_checkpoint_seconds(text)
+    except ValueError as exc:
+        log.warning("%s: %s; short notices are not told", names.CHECKPOINT_SECONDS_ENV, exc)
+        return None
 
 
 def _collective_device(group: dist.ProcessGroup | None) -> torch.device:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -55,6 +56,34 @@ class LeaveNotice:
     @property
     def leave(self) -> bool:
         return self.state == "leave"
+
+
+def short_notice(
+    notice: LeaveNotice | None,
+    now: datetime,
+    checkpoint_seconds: float | None,
+    step: int,
+    last_checkpoint: int | None,
+) -> str | None:
+    """What a worker about to checkpoint ``step`` says when ``notice`` gives it less time than
+    its checkpoint takes (``shoal.dev/checkpoint-seconds``); None when it gives enough, or when
+    the notice has no deadline or the worker declares no checkpoint time. ``last_checkpoint``
+    is the step of the last complete checkpoint (-1: none yet; None: not known)."""
+    if notice is None or notice.leave_by is None or checkpoint_seconds is None:
+        return None
+    given = max(0, math.floor((notice.leave_by - now).total_seconds()))
+    if given >= checkpoint_seconds:
+        return None
+    if last_checkpoint is None:
+        lost = "the steps after the last checkpoint will be lost"
+    elif last_checkpoint < 0:
+        lost = f"steps 0 to {step} will be lost (no checkpoint yet)"
+    else:
+        lost = f"steps after {last_checkpoint} (the last checkpoint) will be lost"
+    return (
+        f"notice gives {given} s, checkpoint takes {checkpoint_seconds:g} s: unless the "
+        f"checkpoint of step {step} completes sooner, {lost}"
+    )
 
 
 def _notice(raw: Any) -> LeaveNotice:

@@ -171,6 +171,14 @@ def _pod(raw: dict[str, Any]) -> Pod:
             leave_by = parse_rfc3339(annotations[names.LEAVE_BY_ANNOTATION])
         except ValueError:
             leave_by = None
+    checkpoint_seconds = None
+    if names.CHECKPOINT_SECONDS_ANNOTATION in annotations:
+        # A bad value was told at admission (the webhook's wiring warning): ignored here.
+        try:
+            text = str(annotations[names.CHECKPOINT_SECONDS_ANNOTATION])
+            checkpoint_seconds = names.parse_checkpoint_seconds(text)
+        except ValueError:
+            checkpoint_seconds = None
     return Pod(
         key=PodKey(f"{meta.get('namespace')}/{meta.get('name')}"),
         uid=PodUid(str(meta.get("uid"))),
@@ -179,6 +187,7 @@ def _pod(raw: dict[str, Any]) -> Pod:
         leave_by=leave_by,
         leaving=meta.get("deletionTimestamp") is not None,
         reclaimed_for=annotations.get(names.RECLAIMED_FOR_ANNOTATION) or None,
+        checkpoint_seconds=checkpoint_seconds,
     )
 
 
@@ -497,6 +506,10 @@ class Cluster:
             dry_run=self.dry_run,
         )
         return True
+
+    def warn_pod(self, pod: Pod, reason: str, message: str) -> None:
+        """A Warning Event on the pod; a failure is logged, never raised."""
+        self.event(self._pod_ref(pod), reason, message, "Warning")
 
     def clear_pod(self, pod: Pod) -> bool:
         namespace, name = pod.key.split("/", 1)

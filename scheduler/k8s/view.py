@@ -8,7 +8,7 @@ could complete a gang), in which case backoffs end.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
@@ -25,12 +25,23 @@ from scheduler.model import Node, NodeName
 log = structlog.get_logger("scheduler.view")
 
 Wake = Callable[[bool], None]
+#: Told of each pod created while the view watches: (namespace, name, uid, annotations).
+PodAdded = Callable[[str, str, str, Mapping[str, str]], None]
 
 
 class ClusterView:
-    def __init__(self, api: Any, cache: Cache, wake: Wake, *, page_size: int = 500) -> None:
+    def __init__(
+        self,
+        api: Any,
+        cache: Cache,
+        wake: Wake,
+        *,
+        page_size: int = 500,
+        pod_added: PodAdded | None = None,
+    ) -> None:
         self._cache = cache
         self._wake = wake
+        self._pod_added = pod_added
         self._node_problems: dict[str, str] = {}
         core = client.CoreV1Api(api)
         custom = client.CustomObjectsApi(api)
@@ -81,6 +92,8 @@ class ClusterView:
             self._wake(True)
             return
         old = self._cache.set_pod(pod)
+        if kind == "ADDED" and self._pod_added is not None:
+            self._pod_added(pod.namespace, pod.name, pod.uid, pod.annotations)
         # A new pod may complete a gang; a finished or leaving one frees its node. A PodGroup
         # member now Running changes its group's status only: the loop looks, no backoff ends.
         # Other updates (a binding confirmed) give the loop nothing new to do.

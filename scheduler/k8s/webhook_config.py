@@ -11,6 +11,12 @@ program calls ``keep`` again from time to time, which puts its CA back if it fel
 request could not be followed: the pod does not exist yet when the webhook answers, and the
 warning in the answer goes to whoever created the pod — a controller, for most training pods.
 One Event per owner and message every ``interval`` seconds, sent off the request path.
+
+``PodEvents`` tells the pod itself, once it exists: the scheduler's pod informer hands it each
+new pod, and a pod that carries ``shoal.dev/wiring-warning`` (the webhook's record of what it
+could not follow) gets one Warning Event with that text, naming the pod's uid so that
+``kubectl describe pod`` shows it — a bare pod, a gang member, a controller's pod alike. The
+Event's name is the pod's name and uid, so replicas that all see the pod write it once.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from common.kubeevents import EventSource, event_body
+from contracts import names
 from scheduler.k8s.client import ApiError, Rest
 
 log = structlog.get_logger("scheduler.webhook")
@@ -115,7 +122,7 @@ class OwnerEvents:
         owner = _controller(pod)
         if owner is None:
             return  # a pod without a controller: its creator saw the warning itself
-        message = "pods get no checkpoint volume: " + "; ".join(warnings)
+        message = "; ".join(warnings)
         key, now = (owner["uid"], message), time.monotonic()
         with self._lock:
             if now - self._sent.get(key, -self._interval) < self._interval:
@@ -132,6 +139,42 @@ class OwnerEvents:
             self._rest.call("POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/events", body)
         except (ApiError, HTTPError, OSError) as exc:
             log.warning("webhook_event_failed", owner=owner["name"], error=str(exc))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class PodEvents:
+    """A Warning Event on each new pod the webhook admitted without part of its request."""
+
+    def __init__(self, api: Any, component: str) -> None:
+        self._rest = Rest(api, timeout=10)
+        self._by = EventSource(component, component)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wiring-events")
+
+    def pod_added(
+        self, namespace: str, name: str, uid: str, annotations: Mapping[str, str]
+    ) -> None:
+        """Queue the Event for a pod just created, if the webhook left a warning on it."""
+        warning = annotations.get(names.WIRING_WARNING_ANNOTATION)
+        if not warning or not uid:
+            return
+        self._pool.submit(self._send, namespace, name, uid, warning)
+
+    def _send(self, namespace: str, name: str, uid: str, warning: str) -> None:
+        involved = {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}
+        involved["namespace"] = namespace
+        message = f"created without part of its wiring: {warning}"
+        body = event_body(involved, "Warning", REASON, message, by=self._by, now=time.time())
+        del body["metadata"]["generateName"]
+        body["metadata"]["name"] = f"{name[:200].rstrip('-.')}.{uid}.wiring"
+        try:
+            self._rest.call("POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/events", body)
+        except ApiError as exc:
+            if exc.status != 409:  # another replica wrote it
+                log.warning("wiring_event_failed", pod=name, namespace=namespace, error=str(exc))
+        except (HTTPError, OSError) as exc:
+            log.warning("wiring_event_failed", pod=name, namespace=namespace, error=str(exc))
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

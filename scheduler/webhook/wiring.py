@@ -10,13 +10,16 @@ with ``restartPolicy: Always``) of a pod for this scheduler:
 - the ``shoal.dev/leave-by`` annotation as a file that updates in place (a Downward API volume
   ``shoal-leave-by``) and ``SHOAL_LEAVE_BY_FILE``;
 - when its annotations ask for one, a checkpoint volume ``shoal-checkpoint`` (an existing claim,
-  or a generic ephemeral volume of a size) and ``SHOAL_CHECKPOINT_DIR``.
+  or a generic ephemeral volume of a size) and ``SHOAL_CHECKPOINT_DIR``;
+- when it declares how long its checkpoint takes (``shoal.dev/checkpoint-seconds``),
+  ``SHOAL_CHECKPOINT_SECONDS`` for the worker library.
 
 Idempotent by construction: a volume whose name the pod already has, a variable it already sets
 and a mount at a path it already uses are left alone, so a pod that carries the wiring gets no
 operation and applying the result to the pod, then wiring it again, gives nothing more. A
-checkpoint request that cannot be followed is a warning (and the ``shoal.dev/wiring-warning``
-annotation on the pod), never a refusal: the pod is created without the checkpoint volume.
+checkpoint request that cannot be followed, or a checkpoint time that is not a number of
+seconds, is a warning (and the ``shoal.dev/wiring-warning`` annotation on the pod), never a
+refusal: the pod is created without the checkpoint volume (or the variable).
 """
 
 from __future__ import annotations
@@ -172,7 +175,8 @@ def _problem(
         ),
         (
             claim is not None and not _is_subdomain(claim),
-            f"{names.CHECKPOINT_CLAIM_ANNOTATION} {claim!r} is not a claim name",
+            f"{names.CHECKPOINT_CLAIM_ANNOTATION} {claim!r} is not a claim name "
+            "(lowercase letters, digits, '-' and '.', such as llama-ckpt)",
         ),
         (
             claim is not None and storage_class is not None,
@@ -184,7 +188,8 @@ def _problem(
         ),
         (
             storage_class is not None and not _is_subdomain(storage_class),
-            f"{names.CHECKPOINT_STORAGE_CLASS_ANNOTATION} {storage_class!r} is not a name",
+            f"{names.CHECKPOINT_STORAGE_CLASS_ANNOTATION} {storage_class!r} is not a name "
+            "(lowercase letters, digits, '-' and '.', such as fast-ssd)",
         ),
         (
             path is not None and not _is_mount_path(path),
@@ -215,19 +220,44 @@ def wire(pod: Mapping[str, Any], scheduler_name: str, layout: Layout) -> Wiring:
     if spec.get("schedulerName") != scheduler_name:
         return Wiring()
     annotations = _mapping(_mapping(pod.get("metadata")).get("annotations"))
-    request = checkpoint_request({str(k): str(v) for k, v in annotations.items()}, layout)
-    wanted = _wanted(layout, request if isinstance(request, Checkpoint) else None)
+    texts = {str(k): str(v) for k, v in annotations.items()}
+    request = checkpoint_request(texts, layout)
+    seconds = checkpoint_seconds(texts)
+    wanted = _wanted(
+        layout,
+        request if isinstance(request, Checkpoint) else None,
+        seconds if isinstance(seconds, str) else None,
+    )
     ops = [*_volume_ops(spec, wanted.volumes), *_group_ops(spec, layout.socket_group)]
     for path, container in _wired_containers(spec):
         ops.extend(_container_ops(path, container, wanted))
-    warnings: tuple[str, ...] = ()
+    warnings: list[str] = []
     if isinstance(request, Malformed):
-        warnings = (f"no checkpoint volume: {request.reason}",)
-        ops.extend(_warning_ops(annotations, warnings[0]))
-    return Wiring(tuple(ops), warnings)
+        warnings.append(f"no checkpoint volume: {request.reason}")
+    if isinstance(seconds, Malformed):
+        warnings.append(f"no warning of short notices: {seconds.reason}")
+    if warnings:
+        ops.extend(_warning_ops(annotations, "; ".join(warnings)))
+    return Wiring(tuple(ops), tuple(warnings))
 
 
-def _wanted(layout: Layout, checkpoint: Checkpoint | None) -> _Wanted:
+def checkpoint_seconds(annotations: Mapping[str, str]) -> str | Malformed | None:
+    """The checkpoint time the pod declares (its ``shoal.dev/checkpoint-seconds``, as written),
+    why it cannot be used, or None when it declares none."""
+    text = annotations.get(names.CHECKPOINT_SECONDS_ANNOTATION)
+    if text is None:
+        return None
+    try:
+        names.parse_checkpoint_seconds(text)
+    except ValueError:
+        return Malformed(
+            f"{names.CHECKPOINT_SECONDS_ANNOTATION} {text!r} is not a number of seconds "
+            f"such as 20 (above 0, at most {names.MAX_CHECKPOINT_SECONDS:g})"
+        )
+    return text.strip()
+
+
+def _wanted(layout: Layout, checkpoint: Checkpoint | None, seconds: str | None) -> _Wanted:
     socket_dir = layout.socket_dir
     volumes: list[dict[str, Any]] = [
         {"name": NOTICE_VOLUME, "hostPath": {"path": socket_dir, "type": "DirectoryOrCreate"}},
@@ -260,6 +290,8 @@ def _wanted(layout: Layout, checkpoint: Checkpoint | None) -> _Wanted:
         volumes.append(checkpoint.volume())
         mounts.append(_Mount(CHECKPOINT_VOLUME, checkpoint.path, read_only=False))
         env.append({"name": names.CHECKPOINT_DIR_ENV, "value": checkpoint.path})
+    if seconds is not None:
+        env.append({"name": names.CHECKPOINT_SECONDS_ENV, "value": seconds})
     return _Wanted(tuple(volumes), tuple(mounts), tuple(env))
 
 

@@ -241,6 +241,51 @@ def test_a_malformed_checkpoint_request_is_told_and_the_pod_created(
     pod = webhook.devcluster.core().read_namespaced_pod("bad", webhook.namespace)
     assert pod.metadata.annotations[names.WIRING_WARNING_ANNOTATION].startswith(expected)
     assert {v.name for v in pod.spec.volumes} == {"shoal-notice", "shoal-leave-by"}
+    # A pod without a controller hears it too, on itself, once it exists.
+    [event] = eventually(lambda: pod_events(webhook, pod), what="a Warning Event on the pod")
+    assert event.type == "Warning"
+    assert f"{expected} such as 10Gi" in event.message
+
+
+def pod_events(webhook: Webhook, pod: Any) -> list[Any]:
+    """The ``ShoalWiringIgnored`` Events about ``pod`` (by uid, as ``kubectl describe`` finds
+    them)."""
+    return [
+        e
+        for e in webhook.devcluster.core().list_namespaced_event(webhook.namespace).items
+        if e.involved_object.uid == pod.metadata.uid and e.reason == "ShoalWiringIgnored"
+    ]
+
+
+def test_a_gang_members_bad_checkpoint_time_is_an_event_on_the_member(webhook: Webhook) -> None:
+    body = webhook.pod(
+        "",
+        labels={names.GANG_LABEL: "llama"},
+        annotations={names.MIN_MEMBER_ANNOTATION: "2", names.CHECKPOINT_SECONDS_ANNOTATION: "2m"},
+    )
+    del body["metadata"]["name"]
+    body["metadata"]["generateName"] = "llama-"  # the webhook never sees the pod's name
+    created = webhook.create(body)
+    assert is_wired(created)
+    assert names.CHECKPOINT_SECONDS_ENV not in env(created["spec"]["containers"][0])
+    pod = webhook.devcluster.core().read_namespaced_pod(
+        created["metadata"]["name"], webhook.namespace
+    )
+    [event] = eventually(lambda: pod_events(webhook, pod), what="a Warning Event on the member")
+    assert event.type == "Warning"
+    assert event.message == (
+        "created without part of its wiring: no warning of short notices: "
+        "shoal.dev/checkpoint-seconds '2m' is not a number of seconds such as 20 "
+        "(above 0, at most 86400)"
+    )
+
+
+def test_a_declared_checkpoint_time_reaches_the_workers_environment(webhook: Webhook) -> None:
+    pod = webhook.create(
+        webhook.pod("timed", annotations={names.CHECKPOINT_SECONDS_ANNOTATION: "45"})
+    )
+    assert env(pod["spec"]["containers"][0])[names.CHECKPOINT_SECONDS_ENV] == "45"
+    assert names.WIRING_WARNING_ANNOTATION not in pod["metadata"].get("annotations", {})
 
 
 def test_a_jobs_malformed_request_is_an_event_on_the_job(webhook: Webhook) -> None:

@@ -8,6 +8,7 @@ losses of a run that never stopped."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import tempfile
@@ -60,7 +61,21 @@ def runtime_root() -> Iterator[Path]:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def trainer_pod(name: str, webhook: Webhook, pool: Pool, job: Job, port: int) -> dict[str, Any]:
+@pytest.fixture
+def member_annotations() -> dict[str, str]:
+    """Annotations of every gang member besides the gang's own (a test may parametrize it)."""
+    return {}
+
+
+def trainer_pod(
+    name: str,
+    webhook: Webhook,
+    pool: Pool,
+    job: Job,
+    port: int,
+    *,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """A gang member whose command is torchrun with the settings ``docs/workers.md`` lists;
     the webhook adds the socket, the pod's identity and the leave-by file."""
     rdzv = "is_host=false,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=5"
@@ -86,7 +101,11 @@ def trainer_pod(name: str, webhook: Webhook, pool: Pool, job: Job, port: int) ->
     return webhook.pod(
         name,
         labels={names.GANG_LABEL: "pods"},
-        annotations={names.MIN_MEMBER_ANNOTATION: "2", names.MAX_MEMBER_ANNOTATION: "3"},
+        annotations={
+            names.MIN_MEMBER_ANNOTATION: "2",
+            names.MAX_MEMBER_ANNOTATION: "3",
+            **(annotations or {}),
+        },
         spec={
             "tolerations": [KWOK_TOLERATION],
             "nodeSelector": {TEST_LABEL: pool.pool},
@@ -129,6 +148,8 @@ def scene(
     servers: metadata.Threaded,
     runtime_root: Path,
     tmp_path: Path,
+    *,
+    member_annotations: dict[str, str],
 ) -> Iterator[Scene]:
     devcluster = pool.devcluster
     job = Job(tmp_path, eviction_wait=600.0)  # only the eviction stops the leaving torchrun
@@ -158,7 +179,7 @@ def scene(
             agent.workdir.mkdir(parents=True)
             agent.start()
         for name in PODS:
-            body = trainer_pod(name, webhook, pool, job, store.port)
+            body = trainer_pod(name, webhook, pool, job, store.port, annotations=member_annotations)
             scene.core.create_namespaced_pod(scene.namespace, body)
         scene.placed = eventually(
             lambda: _bound(scene.core, scene.namespace), timeout=SLOW, what="the gang bound"
@@ -221,6 +242,52 @@ def test_a_reclaim_heard_on_the_socket_stops_every_rank_and_two_pods_resume(
         SECTION, "higher-priority pod created to every rank stopped (s)", stopped - asked
     )
     figures.record(SECTION, "last stop to first resumed step (s), reclaim", resumed - stopped)
+
+
+@pytest.mark.parametrize(
+    "member_annotations", [{names.CHECKPOINT_SECONDS_ANNOTATION: "3600"}], ids=["hour-long"]
+)
+def test_a_notice_shorter_than_the_checkpoint_is_told_and_the_job_still_stops_at_one_step(
+    scene: Scene, runtime_root: Path
+) -> None:
+    """Every member declares a checkpoint of an hour; a spot notice gives two minutes. The agent
+    says so on the leaving pod (an Event, a log line), the leaving worker says which steps are
+    at stake, and the job leaves as designed: the save (quicker than declared) completes, every
+    rank stops at one step and the two others resume."""
+    cloud = scene.clouds[scene.placed[LEAVER]]
+    cloud.renew()  # a notice of the cloud's own lead from now
+    cloud.post()
+    key = f"{scene.namespace}/{LEAVER}"
+
+    def warnings() -> list[Any]:
+        return [
+            e
+            for e in scene.core.list_namespaced_event(scene.namespace).items
+            if e.reason == "NoticeShorterThanCheckpoint"
+        ]
+
+    [event] = eventually(warnings, timeout=SLOW, what="a NoticeShorterThanCheckpoint Event")
+    assert (event.type, event.involved_object.name) == ("Warning", LEAVER)
+    given = re.match(r"The notice gives (\d+) s \(leave by \S+, aws terminate\)", event.message)
+    assert given is not None, event.message
+    assert 0 < int(given.group(1)) <= 120
+    assert "but the checkpoint takes 3600 s (shoal.dev/checkpoint-seconds)" in event.message
+    assert "the work since the pod's last complete checkpoint will be lost" in event.message
+    [line] = _agent_says(scene.agent_of(LEAVER), "notice_shorter_than_checkpoint", key)
+    assert (line["given_seconds"], line["checkpoint_seconds"]) == (int(given.group(1)), 3600)
+
+    left_and_resumed(scene, LEAVER)
+    [stop_step] = {int(r["step"]) for r in scene.job.records("stop")}
+    [log] = (runtime_root / scene.placed[LEAVER] / "pods").glob("*/trainer.log")
+    said = re.search(
+        r"notice gives (\d+) s, checkpoint takes 3600 s: unless the checkpoint of step "
+        rf"{stop_step} completes sooner, steps 0 to {stop_step} will be lost \(no checkpoint yet\)",
+        log.read_text(),
+    )
+    assert said is not None, log.read_text()[-2000:]
+    assert int(said.group(1)) <= int(given.group(1))
+    # The pods not under notice were not warned.
+    assert [e.metadata.name for e in warnings()] == [event.metadata.name]
 
 
 def left_and_resumed(scene: Scene, leaver: str) -> tuple[float, float]:

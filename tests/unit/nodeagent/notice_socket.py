@@ -66,6 +66,7 @@ class Cluster:
         self.pods = [Pod(key=PodKey(f"{ns}/{name}"), uid=PodUid(uid)) for ns, name, uid in PODS]
         self.evicted: list[tuple[str, str]] = []
         self.deleted: list[str] = []
+        self.warned: list[tuple[str, str, str]] = []
 
     def read_revocation(self) -> list[Tracked]:
         return []
@@ -77,6 +78,9 @@ class Cluster:
     def sync_node(self, tracked: Sequence[Tracked]) -> None: ...
     def annotate_pod(self, pod: Pod, notice: Notice) -> bool:
         return True
+
+    def warn_pod(self, pod: Pod, reason: str, message: str) -> None:
+        self.warned.append((pod.key, reason, message))
 
     def clear_pod(self, pod: Pod) -> bool:
         return True

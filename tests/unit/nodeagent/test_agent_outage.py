@@ -59,6 +59,10 @@ class HangingCluster:
         self.writes.append(("annotate", pod.key))
         return True
 
+    def warn_pod(self, pod: Pod, reason: str, message: str) -> None:
+        self._answer()
+        self.writes.append(("warn", pod.key))
+
     def clear_pod(self, pod: Pod) -> bool:
         self._answer()
         self.writes.append(("clear", pod.key))

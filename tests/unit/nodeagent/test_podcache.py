@@ -32,6 +32,7 @@ PODS = (
         PodUid("6f1c0a52-0000-4000-8000-000000000002"),
         leave_by=datetime(2026, 3, 1, 12, 5, tzinfo=UTC),
         reclaimed_for="research/big-run",
+        checkpoint_seconds=20.5,
     ),
     Pod(PodKey("kube-system/dcgm-exporter-x"), PodUid("u-daemon"), worker=False, daemon=True),
     Pod(PodKey("web/api-0"), PodUid("u-leaving"), worker=False, leaving=True),
@@ -71,6 +72,7 @@ def test_the_file_holds_only_what_identifying_a_pod_needs(tmp_path: Path) -> Non
         "leave_by",
         "leaving",
         "reclaimed_for",
+        "checkpoint_seconds",
     }
 
 
@@ -148,6 +150,9 @@ def valid() -> dict[str, object]:
         ({"leave_by": 1700000000}, "leave_by"),
         ({"leave_by": "tomorrow"}, "leave_by"),
         ({"leave_by": "99999-01-01T00:00:00Z"}, "leave_by"),
+        ({"checkpoint_seconds": "20"}, "checkpoint_seconds"),
+        ({"checkpoint_seconds": 0}, "checkpoint_seconds"),
+        ({"checkpoint_seconds": True}, "checkpoint_seconds"),
     ],
 )
 def test_a_pod_with_a_wrong_field_makes_the_whole_file_unusable(

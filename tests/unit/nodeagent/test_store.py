@@ -23,7 +23,7 @@ from nodeagent.events import (
     Tracked,
     WithdrawPod,
 )
-from nodeagent.store import AckOutcome, Settings, Store, reclaim_notice
+from nodeagent.store import AckOutcome, Settings, ShortNotice, Store, reclaim_notice, short_notice
 
 T0 = datetime(2026, 11, 30, 10, 0, 0, tzinfo=UTC)
 
@@ -491,3 +491,31 @@ def test_a_spot_notice_before_the_reclaim_governs_the_reclaimed_pod() -> None:
     assert [a.notice.event_id for a in told] == [EventId("aws-1")]
     # The spot deadline's margin evicts it as for any notice.
     assert [type(a) for a in run(store, at(46)) if not isinstance(a, SyncNode)] == [EvictPod]
+
+
+# --- a notice shorter than the pod's checkpoint ------------------------------------------------
+
+
+def test_a_notice_shorter_than_the_checkpoint_says_both_figures_and_what_is_lost() -> None:
+    slow = Pod(key=PodKey("ns/slow"), uid=PodUid("uid-slow"), checkpoint_seconds=20)
+    told = notice(lead=30)
+    short = short_notice(slow, told, T0 + timedelta(seconds=25.4))
+    assert short == ShortNotice(given=4, needed=20)
+    assert short.message(told) == (
+        "The notice gives 4 s (leave by 2026-11-30T10:00:30Z, aws terminate) but the checkpoint "
+        "takes 20 s (shoal.dev/checkpoint-seconds): a checkpoint started now cannot complete "
+        "in time, so the work since the pod's last complete checkpoint will be lost"
+    )
+
+
+def test_a_notice_long_enough_or_a_pod_that_declares_nothing_is_not_short() -> None:
+    told = notice(lead=30)
+    declares = Pod(key=PodKey("ns/p"), uid=PodUid("u"), checkpoint_seconds=30)
+    assert short_notice(declares, told, T0) is None  # exactly enough
+    assert short_notice(declares, told, T0 + timedelta(seconds=0.5)) == ShortNotice(29, 30)
+    assert short_notice(pod("silent"), told, T0 + timedelta(seconds=29)) is None
+
+
+def test_a_notice_past_its_deadline_gives_nothing() -> None:
+    slow = Pod(key=PodKey("ns/slow"), uid=PodUid("uid-slow"), checkpoint_seconds=1.5)
+    assert short_notice(slow, notice(lead=30), T0 + timedelta(seconds=40)) == ShortNotice(0, 1.5)

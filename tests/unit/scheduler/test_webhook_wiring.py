@@ -182,12 +182,43 @@ def test_each_kind_of_bad_request_says_what_is_wrong() -> None:
         assert request == Checkpoint(path="/checkpoints", size=size)
 
 
+def test_a_declared_checkpoint_time_reaches_the_worker_and_a_bad_one_is_told() -> None:
+    body = pod({"name": "c"}, annotations={names.CHECKPOINT_SECONDS_ANNOTATION: " 20.5"})
+    result = wire(body, SCHEDULER, LAYOUT)
+    assert result.warnings == ()
+    [trainer] = apply(body, result)["spec"]["containers"]
+    assert env_of(trainer)[names.CHECKPOINT_SECONDS_ENV] == "20.5"
+    for bad in ("20s", "0", "-1", "1e3", "86401", ""):
+        body = pod(
+            {"name": "c"},
+            annotations={
+                names.CHECKPOINT_SECONDS_ANNOTATION: bad,
+                names.CHECKPOINT_SIZE_ANNOTATION: "ten gigs",
+            },
+        )
+        result = wire(body, SCHEDULER, LAYOUT)
+        volume, seconds = result.warnings
+        assert volume.startswith("no checkpoint volume: "), bad
+        assert seconds == (
+            f"no warning of short notices: shoal.dev/checkpoint-seconds {bad!r} is not a "
+            "number of seconds such as 20 (above 0, at most 86400)"
+        )
+        wired = apply(body, result)
+        assert wired["metadata"]["annotations"][names.WIRING_WARNING_ANNOTATION] == (
+            f"{volume}; {seconds}"
+        )
+        assert names.CHECKPOINT_SECONDS_ENV not in env_of(wired["spec"]["containers"][0])
+        # Admitted again with its warning, it gets nothing more.
+        assert wire(wired, SCHEDULER, LAYOUT).ops == ()
+
+
 _ours = st.sampled_from(
     [
         names.SOCKET_ENV,
         names.POD_UID_ENV,
         names.LEAVE_BY_FILE_ENV,
         names.CHECKPOINT_DIR_ENV,
+        names.CHECKPOINT_SECONDS_ENV,
         "OTHER",
     ]
 )
@@ -221,9 +252,10 @@ _annotations = st.dictionaries(
             names.CHECKPOINT_SIZE_ANNOTATION,
             names.CHECKPOINT_STORAGE_CLASS_ANNOTATION,
             names.CHECKPOINT_PATH_ANNOTATION,
+            names.CHECKPOINT_SECONDS_ANNOTATION,
         ]
     ),
-    st.sampled_from(["ckpt", "10Gi", "/ckpt", "bad value", "fast", "/etc/shoal"]),
+    st.sampled_from(["ckpt", "10Gi", "/ckpt", "bad value", "fast", "/etc/shoal", "20"]),
 )
 
 

@@ -102,7 +102,8 @@ def main() -> None:
     start = resume(args.ckpt, model, optimizer)
     record(args.records, "start", step=start, world=dist.get_world_size())
     # The test's agent records evictions without a kubelet to carry them out: no waiting.
-    with StopStep.from_env(eviction_wait=args.eviction_wait) as stopper:
+    stopper = StopStep.from_env(eviction_wait=args.eviction_wait, last_checkpoint=start - 1)
+    with stopper:
         for step in range(start, args.steps):
             loss = train_step(model, optimizer, args.seed, step)
             record(args.records, "step", step=step, loss=loss, world=dist.get_world_size())
