@@ -44,8 +44,8 @@ def parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser(
         "build",
-        help="build the binaries (and the tools the tests use, such as helm) once into the cache "
-        "(no-op when cached)",
+        help="build the binaries (and the tools the tests use: helm, the Kubeflow "
+        "training-operator) once into the cache (no-op when cached)",
     )
     b.add_argument("--force", action="store_true", help="rebuild even when cached")
     b.add_argument("--print-dir", action="store_true", help="print the binary folder and exit 0")

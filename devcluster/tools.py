@@ -1,18 +1,22 @@
-"""Third-party tools the tests run beside the control plane (helm), built the way the control
-plane is: from the Go module pinned by the committed ``go.mod`` and ``go.sum`` under
-``devcluster/tools/<name>/``, once, into a cache outside the repository keyed by the version and
-a digest of those files. A complete cache makes :func:`ensure` a file check."""
+"""Third-party tools the tests run beside the control plane (helm, the Kubeflow
+training-operator), built the way the control plane is: from the Go module pinned by the
+committed ``go.mod`` and ``go.sum`` under ``devcluster/tools/<name>/``, once, into a cache outside
+the repository keyed by the version and a digest of those files. A complete cache makes
+:func:`ensure` a file check."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 from devcluster import build
+from devcluster.errors import BuildError
 from devcluster.versions import Target, cache_root
 
 TOOLS_DIR: Final = Path(__file__).resolve().parent / "tools"
@@ -26,7 +30,14 @@ class Tool:
     package: str
 
 
-TOOLS: Final = {"helm": Tool("helm", "helm.sh/helm/v4", "helm.sh/helm/v4/cmd/helm")}
+TOOLS: Final = {
+    "helm": Tool("helm", "helm.sh/helm/v4", "helm.sh/helm/v4/cmd/helm"),
+    "training-operator": Tool(
+        "training-operator",
+        "github.com/kubeflow/training-operator",
+        "github.com/kubeflow/training-operator/cmd/training-operator.v1",
+    ),
+}
 
 
 def version(tool: Tool) -> str:
@@ -66,3 +77,25 @@ def pinned_go(tool: Tool) -> str:
     text = (TOOLS_DIR / tool.name / "go.mod").read_text()
     match = re.search(r"^go\s+(\S+)", text, re.MULTILINE)
     return match.group(1) if match else "1.26"
+
+
+def module_dir(name: str) -> Path:
+    """The tool's module as published, in Go's module cache (downloaded first when absent and
+    checked against the committed go.sum): where its own manifests, such as CRDs, are read
+    from as they are."""
+    tool = TOOLS[name]
+    build.check_go(pinned_go(tool))
+    result = subprocess.run(
+        ["go", "mod", "download", "-json", tool.module],
+        cwd=TOOLS_DIR / tool.name,
+        env=build.go_environment(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise BuildError(
+            f"cannot download {tool.module} {version(tool)} (exit {result.returncode}):\n"
+            f"{result.stdout[-2000:]}{result.stderr[-2000:]}"
+        )
+    return Path(json.loads(result.stdout)["Dir"])

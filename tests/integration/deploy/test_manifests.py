@@ -34,6 +34,7 @@ from tests.integration.nodeagent.harness import (
     taint,
     worker_pod,
 )
+from tests.integration.scheduler import training_operator
 from tests.integration.scheduler.conftest import VOLCANO_CRD, SchedulerProcess, apply_crd
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -158,26 +159,10 @@ def test_every_manifest_applies_server_side(
 def test_examples_pass_server_side_dry_run(
     installed: subprocess.CompletedProcess[str], devcluster: Devcluster, bin_dir: Path
 ) -> None:
-    crd = kubectl(
-        devcluster,
-        bin_dir,
-        "apply",
-        "--server-side",
-        "-f",
-        str(Path(__file__).with_name("pytorchjob-crd.yaml")),
-    )
-    assert crd.returncode == 0, crd.stderr
-    kubectl(
-        devcluster,
-        bin_dir,
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/pytorchjobs.kubeflow.org",
-    )
+    training_operator.apply_crds(devcluster)  # PyTorchJob and MPIJob, as that module ships them
     apply_crd(devcluster, VOLCANO_CRD)
     examples = sorted((MANIFESTS / "examples").glob("*.yaml"))
-    assert len(examples) == 5
+    assert len(examples) == 6
     for example in examples:
         result = kubectl(
             devcluster, bin_dir, "apply", "--server-side", "--dry-run=server", "-f", str(example)
