@@ -193,9 +193,45 @@ def _in_required_domain(search: _Search, key: str) -> Placement | Unschedulable:
         return found
     return Unschedulable(
         total,
+        _why_no_domain(search, key, groups),
         summary=f"no single {key} has room for all {len(search.pods)} member(s) "
         f"(shoal.dev/topology-required={key});",
     )
+
+
+def _why_no_domain(
+    search: _Search, key: str, groups: Mapping[str, set[NodeName]]
+) -> dict[str, int]:
+    """Per node, why a required-domain gang cannot go there, as kube-scheduler counts nodes
+    for one pod: in the domain that came closest (placed the most members), why the member
+    left over does not fit once those before it are placed; every other node is in another
+    domain, or has no value of ``key`` at all."""
+    closest: tuple[str, _Stuck] | None = None
+    for value, group in sorted(groups.items()):
+        stuck = _assign(
+            search.request,
+            search.pods,
+            feasible=search.feasible,
+            candidates=group,
+            nodes=search.nodes,
+            together_key=key,
+        )
+        if isinstance(stuck, _Stuck) and (closest is None or stuck.placed > closest[1].placed):
+            closest = (value, stuck)
+    reasons: Counter[str] = Counter()
+    for name, state in search.nodes.items():
+        label = state.node.labels.get(key)
+        if label is None:
+            reasons[f"node(s) had no {key} label"] += 1
+        elif closest is None or label != closest[0]:
+            reasons[f"node(s) in another {key} than the gang's closest fit"] += 1
+        elif name in search.feasible[closest[1].pod.key]:
+            room = closest[1].room.on(name)[0]
+            short = filters.resources_fit(closest[1].pod.requests, room)
+            reasons[short or "no room left once the other members are placed"] += 1
+        else:
+            reasons[filters.first_failure(closest[1].pod, state) or "does not fit"] += 1
+    return dict(reasons)
 
 
 def _narrowest_first(search: _Search) -> Placement | Unschedulable:

@@ -111,6 +111,11 @@ def test_topology_required_waits_rather_than_spread() -> None:
     result = place(request(gang, required=names.RACK_LABEL), snapshot(nodes).nodes)
     assert isinstance(result, Unschedulable)
     assert "no single shoal.dev/rack has room for all 2 member(s)" in result.message()
+    # Per node, as for one pod: the closest rack is short of GPUs, the other is another rack.
+    assert result.reasons == {
+        "Insufficient nvidia.com/gpu": 1,
+        "node(s) in another shoal.dev/rack than the gang's closest fit": 1,
+    }
 
 
 def test_unknown_required_topology_key_is_explained() -> None:
