@@ -171,6 +171,15 @@ def simulated_main(args: argparse.Namespace) -> int:
 
 
 def torch_main(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        print(
+            "demo: the real-torch story needs torch (pip install -e '.[dev]'); "
+            "or run --workers simulated",
+            file=sys.stderr,
+        )
+        return 2
     from demo.torchstory import TorchDemo
 
     console = Console() if Console().is_terminal else Console(width=120)
@@ -214,7 +223,7 @@ def torch_main(args: argparse.Namespace) -> int:
     )
     console.print(
         f"timeline: {timeline}\nsummary:  {options.out / 'summary.json'}\n"
-        f"records:  {demo.records_path}\nlogs:     {options.out / 'logs'} and {demo.root}"
+        f"records:  {demo.records_path}\nlogs:     {options.out / 'logs'} (pods: logs/pods)"
     )
     if demo.failures:
         console.print(f"[red]{len(demo.failures)} expectation(s) failed:[/red]")

@@ -526,6 +526,11 @@ class TorchDemo(Demo):
                 runtime.close()
             if self.store is not None:
                 del self.store
+            # The pods' output (torchrun and the ranks) joins the components' logs.
+            pods = self.options.out / "logs" / "pods"
+            shutil.rmtree(pods, ignore_errors=True)
+            shutil.copytree(self.root, pods, ignore=shutil.ignore_patterns("*.sock"))
+            shutil.rmtree(self.root, ignore_errors=True)
         super().shutdown()
 
     def summary(self) -> dict[str, Any]:
