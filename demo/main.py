@@ -1,6 +1,12 @@
-"""``make demo``: elastic training gangs surviving a spot revocation on a local cluster.
+"""``make demo``: elastic training surviving a spot revocation and a reclaim on a local cluster.
 
-A real control plane (etcd, kube-apiserver, kube-controller-manager, kwok) with GPU nodes, the
+By default (--workers torch) one elastic gang runs real torchrun training in local processes
+that play its pods' containers, through growth, a spot notice, a reclaim for an urgent gang and
+regrowth; the summary shows, for each membership change, the step every rank stopped at, the
+steps lost (from the checkpoints and the resumed run's first step) and the time to resume.
+
+With --workers simulated, a larger story with counting workers: a real control plane (etcd,
+kube-apiserver, kube-controller-manager, kwok) with GPU nodes, the
 Shoal scheduler, one Shoal node agent per node, and three elastic jobs. The story: the jobs are
 admitted at their minimum and grown to their maximum; two spot nodes get a revocation notice;
 their workers checkpoint, acknowledge and leave; the gangs shrink but stay above their minimum
@@ -18,6 +24,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -36,11 +43,18 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
+        "--workers",
+        choices=("torch", "simulated"),
+        default=env("SHOAL_DEMO_WORKERS", "torch"),
+        help="real torchrun training in local processes, or tasks that count steps "
+        "[env SHOAL_DEMO_WORKERS] (default %(default)s)",
+    )
+    p.add_argument(
         "--nodes",
         type=int,
         default=int(env("SHOAL_DEMO_NODES", "16")),
-        help="kwok GPU nodes, 8 GPUs each; 16 plays three jobs, 8 a shorter story "
-        "with two [env SHOAL_DEMO_NODES] (default %(default)s)",
+        help="simulated workers: kwok GPU nodes, 8 GPUs each; 16 plays three jobs, 8 a "
+        "shorter story with two [env SHOAL_DEMO_NODES] (default %(default)s)",
     )
     p.add_argument(
         "--cloud",
@@ -81,6 +95,12 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.workers == "torch":
+        return torch_main(args)
+    return simulated_main(args)
+
+
+def simulated_main(args: argparse.Namespace) -> int:
     if args.nodes < 8:
         print("demo: --nodes must be at least 8", file=sys.stderr)
         return 2
@@ -148,6 +168,126 @@ def main(argv: list[str] | None = None) -> int:
         "checkpointed before it left[/green]"
     )
     return 0
+
+
+def torch_main(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        print(
+            "demo: the real-torch story needs torch (pip install -e '.[dev]'); "
+            "or run --workers simulated",
+            file=sys.stderr,
+        )
+        return 2
+    from demo.torchstory import TorchDemo
+
+    console = Console() if Console().is_terminal else Console(width=120)
+    options = Options(
+        cloud=args.cloud,
+        compression=args.compression,
+        out=args.out.resolve(),
+        live=False,
+        keep=args.keep,
+    )
+    options.out.mkdir(parents=True, exist_ok=True)
+    bin_dir = build.build()
+    demo = TorchDemo(options, say=console.print)
+    try:
+        demo.start_cluster(bin_dir)
+        asyncio.run(demo.run(None))
+    except ExpectationFailed as exc:
+        demo.fail(str(exc))
+    except KeyboardInterrupt:
+        demo.fail("interrupted")
+    finally:
+        if args.keep and demo.handle is not None:
+            console.print(f"Left running. kubeconfig: {demo.handle.kubeconfig}")
+        demo.shutdown()
+    summary = demo.summary()
+    console.print(changes_table(summary))
+    timeline = write_torch_timeline(demo, options.out / "timeline.png")
+    (options.out / "summary.json").write_text(
+        json.dumps(
+            {
+                "workers": "torch",
+                **summary,
+                "failures": demo.failures,
+                "events": demo.events,
+                "cloud": args.cloud,
+                "compression": args.compression,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    console.print(
+        f"timeline: {timeline}\nsummary:  {options.out / 'summary.json'}\n"
+        f"records:  {demo.records_path}\nlogs:     {options.out / 'logs'} (pods: logs/pods)"
+    )
+    if demo.failures:
+        console.print(f"[red]{len(demo.failures)} expectation(s) failed:[/red]")
+        for failure in demo.failures:
+            console.print(f"  - {failure}")
+        return 1
+    console.print(
+        "[green]every expectation held: every rank stopped at one step at every change, "
+        "each resumed run started right after a complete checkpoint, no step lost[/green]"
+    )
+    return 0
+
+
+def changes_table(summary: dict[str, Any]) -> Table:
+    table = Table(
+        title=f"train: {summary['steps']} steps, {summary['steps_lost']} lost",
+        caption="stop step per rank: the step each rank saved before the change",
+    )
+    for column in (
+        "membership change",
+        "world",
+        "stop step per rank",
+        "resumed at",
+        "lost",
+        "time to resume",
+    ):
+        table.add_column(column)
+    for row in summary["changes"]:
+        stops = row["stop_steps"]
+        table.add_row(
+            str(row["cause"]),
+            str(row["world"]),
+            " ".join(f"{pod.rsplit('-', 1)[0]}:{step}" for pod, step in stops.items()) or "-",
+            str(row["resumed_at_step"]),
+            str(row["steps_lost"]),
+            f"{row['time_to_resume_s']} s",
+        )
+    return table
+
+
+def write_torch_timeline(demo: Any, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4))
+    if demo.samples:
+        times = [t for t, _ in demo.samples]
+        for job in ("train", "urgent"):
+            ax.step(times, [s.get(job, 0) for _, s in demo.samples], where="post", label=job)
+    ax.set_xlabel("seconds since start")
+    ax.set_ylabel("GPUs bound")
+    ax.legend(loc="upper left", fontsize="small")
+    steps = [(t, s) for t, s, _ in demo.steps if s >= 0]
+    if steps:
+        twin = ax.twinx()
+        twin.plot([t for t, _ in steps], [s for _, s in steps], color="black", linewidth=1)
+        twin.set_ylabel("step trained (black)")
+    ax.set_title("train: GPUs bound and steps through every membership change")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def render(demo: Demo) -> Group:

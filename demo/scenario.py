@@ -148,21 +148,38 @@ class Demo:
     def add_nodes(self, count: int, *, prefix: str) -> list[str]:
         assert self.handle is not None
         spec = nodes.NodeSpec(
-            count=count, gpus=8, prefix=prefix, spot_fraction=0.5, racks_per_zone=2
+            count=count,
+            gpus=8,
+            prefix=prefix,
+            spot_fraction=self.spot_fraction,
+            racks_per_zone=min(2, count),
         )
         created = nodes.create(str(self.handle.kubeconfig), spec)
         for name in created:
             self.node_state[name] = "ready"
             self.start_agent(name)
+        spot = "spot" if self.spot_fraction == 1 else "half spot"
         self.say(
-            f"{len(created)} kwok GPU nodes (8 GPUs, two NVLink islands each, half spot), "
+            f"{len(created)} kwok GPU node(s) (8 GPUs, two NVLink islands each, {spot}), "
             f"each with a node agent watching its own fake {self.options.cloud} metadata"
         )
         return created
 
+    # What the real-torch story changes (demo/torchstory.py).
+    spot_fraction = 0.5
+
+    def reclaim_grace(self) -> float:
+        return max(2.0, 30.0 / self.options.compression)
+
+    def scheduler_args(self) -> list[str]:
+        return []
+
+    def socket_path(self, node: str) -> Path:
+        return self.options.out / "sockets" / f"{node}.sock"
+
     def start_scheduler(self) -> None:
         assert self.handle is not None
-        grace = max(2.0, 30.0 / self.options.compression)
+        grace = self.reclaim_grace()
         argv = [
             _python(),
             "-m",
@@ -179,6 +196,7 @@ class Demo:
             "2",
             "--reclaim-grace",
             str(grace),
+            *self.scheduler_args(),
         ]
         proc, _ = process.spawn(
             "scheduler",
@@ -197,7 +215,7 @@ class Demo:
             else CLOUDS[self.options.cloud](self.servers)
         )
         self.clouds[node] = cloud
-        sock = str(self.options.out / "sockets" / f"{node}.sock")
+        sock = str(self.socket_path(node))
         Path(sock).parent.mkdir(parents=True, exist_ok=True)
         (port,) = cluster.free_ports(["agent"]).values()
         argv = [

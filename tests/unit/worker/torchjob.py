@@ -28,7 +28,7 @@ from nodeagent.events import Pod, PodKey, PodUid
 from tests.unit.nodeagent.notice_socket import Cluster, SocketAgent
 
 ROOT = Path(__file__).resolve().parents[3]
-TRAINER = Path(__file__).with_name("trainer.py")
+TRAINER = ROOT / "demo" / "trainer.py"
 NAMESPACE = "train"
 T = TypeVar("T")
 

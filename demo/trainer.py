@@ -7,8 +7,14 @@ world size that divides ``MICRO``: a run that lost a pod and resumed from its ch
 compared float for float with one that never stopped.
 
 Each rank appends JSON lines to ``--records``: ``start`` (world size, first step), ``step`` (the
-global batch's loss), ``stop`` (the agreed stop step) and ``done``. Without torchrun it runs as a
-world of one (the uninterrupted reference).
+global batch's loss), ``stop`` (the agreed stop step of a notice), ``restart`` (the step saved
+when torchrun stopped the workers) and ``done``. Without torchrun it runs as a world of one (the
+uninterrupted reference).
+
+torchrun also stops the workers itself, with SIGTERM, when a pod joins the job (a membership
+change: the job grows) or when its own launcher is stopped. Such a stop loses nothing either:
+the signal only raises a flag, and once per step the ranks agree (one all-reduce, as for a
+notice) to save the step they just trained and exit, and the new round resumes after it.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import faulthandler
 import json
 import os
 import signal
+import sys
 import tempfile
 import time
 from typing import Any
@@ -26,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from nodeagent.client.distributed import StopStep, resume, save_checkpoint
+from nodeagent.client.distributed import EXIT_REJOIN, StopStep, resume, save_checkpoint
 
 MICRO = 6  # divisible by every world size the tests use (1, 2, 3)
 BATCH = 4
@@ -81,6 +88,23 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, seed: int, st
     return float(mean[-1])
 
 
+class Stopped:
+    """Whether torchrun (or anyone) sent this rank SIGTERM."""
+
+    def __init__(self) -> None:
+        self.heard = False
+        signal.signal(signal.SIGTERM, self._heard)
+
+    def _heard(self, signum: int, frame: object) -> None:
+        self.heard = True
+
+    def agreed(self) -> bool:
+        """Whether any rank heard SIGTERM (collective: every rank calls it once per step)."""
+        flag = torch.tensor([int(self.heard)], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--ckpt", required=True)
@@ -96,8 +120,9 @@ def main() -> None:
     if "RANK" in os.environ:
         dist.init_process_group("gloo")
     else:
-        store = tempfile.mktemp(prefix="trainer-store-")
+        store = os.path.join(tempfile.mkdtemp(prefix="trainer-"), "store")
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    stopped = Stopped()
     model, optimizer = model_and_optimizer(args.seed)
     start = resume(args.ckpt, model, optimizer)
     record(args.records, "start", step=start, world=dist.get_world_size())
@@ -112,6 +137,14 @@ def main() -> None:
                 assert stopper.stop is not None
                 record(args.records, "stop", step=stop, leaving=stopper.stop.leaving)
                 stopper.leave(stop, lambda s: save_checkpoint(args.ckpt, s, model, optimizer))
+            if stopped.agreed():
+                save_checkpoint(args.ckpt, step, model, optimizer)
+                record(args.records, "restart", step=step, signalled=stopped.heard)
+                dist.barrier()
+                dist.destroy_process_group()
+                # A rank whose launcher is not stopping it asks for a new round (see
+                # nodeagent.client.distributed.EXIT_REJOIN); torchrun ignores the others' status.
+                sys.exit(EXIT_REJOIN)
             time.sleep(args.step_seconds)
     record(args.records, "done", step=args.steps)
     dist.destroy_process_group()
