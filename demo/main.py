@@ -29,8 +29,9 @@ from typing import Any
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
-from demo.scenario import Demo, ExpectationFailed, Options, summary_rows
+from demo.scenario import Demo, ExpectationFailed, Options, Show, summary_rows
 from devcluster import build
 from fakes.clouds import CLOUDS
 
@@ -121,7 +122,11 @@ def simulated_main(args: argparse.Namespace) -> int:
     )
     options.out.mkdir(parents=True, exist_ok=True)
     bin_dir = build.build()
-    demo = Demo(options, say=(lambda _line: None) if live_view else console.print)
+    demo = Demo(
+        options,
+        say=(lambda _line: None) if live_view else console.print,
+        show=shower(console),
+    )
     try:
         demo.start_cluster(bin_dir)
         if live_view:
@@ -144,6 +149,8 @@ def simulated_main(args: argparse.Namespace) -> int:
         json.dumps(
             {
                 "jobs": rows,
+                "web_view": demo.web_url,
+                "views": demo.views,
                 "failures": demo.failures,
                 "events": demo.events,
                 "cloud": args.cloud,
@@ -156,6 +163,7 @@ def simulated_main(args: argparse.Namespace) -> int:
     )
     console.print(
         f"timeline: {timeline}\nsummary:  {options.out / 'summary.json'}\n"
+        f"views:    {options.out / 'views'} (kubectl shoal gangs)\n"
         f"logs:     {options.out / 'logs'}"
     )
     if demo.failures:
@@ -192,7 +200,7 @@ def torch_main(args: argparse.Namespace) -> int:
     )
     options.out.mkdir(parents=True, exist_ok=True)
     bin_dir = build.build()
-    demo = TorchDemo(options, say=console.print)
+    demo = TorchDemo(options, say=console.print, show=shower(console))
     try:
         demo.start_cluster(bin_dir)
         asyncio.run(demo.run(None))
@@ -212,6 +220,8 @@ def torch_main(args: argparse.Namespace) -> int:
             {
                 "workers": "torch",
                 **summary,
+                "web_view": demo.web_url,
+                "views": demo.views,
                 "failures": demo.failures,
                 "events": demo.events,
                 "cloud": args.cloud,
@@ -223,7 +233,9 @@ def torch_main(args: argparse.Namespace) -> int:
     )
     console.print(
         f"timeline: {timeline}\nsummary:  {options.out / 'summary.json'}\n"
-        f"records:  {demo.records_path}\nlogs:     {options.out / 'logs'} (pods: logs/pods)"
+        f"records:  {demo.records_path}\n"
+        f"views:    {options.out / 'views'} (kubectl shoal gangs)\n"
+        f"logs:     {options.out / 'logs'} (pods: logs/pods)"
     )
     if demo.failures:
         console.print(f"[red]{len(demo.failures)} expectation(s) failed:[/red]")
@@ -235,6 +247,18 @@ def torch_main(args: argparse.Namespace) -> int:
         "each resumed run started right after a complete checkpoint, no step lost[/green]"
     )
     return 0
+
+
+def shower(console: Console) -> Show:
+    """Prints a heading and a tool's output as they are: no markup, no wrapping. Printed on the
+    console of a rich Live display, it appears above the display."""
+
+    def show(heading: str, text: str) -> None:
+        console.print(Text(heading, style="bold cyan"), soft_wrap=True)
+        if text:
+            console.print(Text(text.rstrip("\n")), soft_wrap=True)
+
+    return show
 
 
 def changes_table(summary: dict[str, Any]) -> Table:

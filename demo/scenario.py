@@ -6,12 +6,18 @@ own fake metadata server. Jobs are Indexed Jobs (elastic gangs by label). kwok r
 containers, so each Running pod's "worker" is a task here that uses the worker library over the
 agent's notice socket: it trains (the job's step advances while its gang is at or above its
 minimum), checkpoints and acknowledges when told to leave, and is gone when its pod is.
+
+Both stories start the scheduler with its web view on a free loopback port, print the address,
+and at each key moment show ``kubectl shoal gangs`` as a user would see it (:meth:`Demo.snapshot`:
+the real plugin in a subprocess with the demo's kubeconfig), saved under ``OUT/views/``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -89,10 +95,21 @@ def plans(node_count: int) -> tuple[list[JobPlan], JobPlan]:
     raise ValueError("the demo needs at least 8 nodes")
 
 
+#: Prints a heading and a block of text (a ``kubectl shoal`` output) above any live display.
+Show = Callable[[str, str], None]
+
+
 class Demo:
-    def __init__(self, options: Options, say: Callable[[str], None]) -> None:
+    def __init__(
+        self, options: Options, say: Callable[[str], None], show: Show | None = None
+    ) -> None:
         self.options = options
         self.say_line = say
+        self.show = show or (lambda heading, text: say(f"{heading}\n{text}".rstrip()))
+        (self.web_port,) = cluster.free_ports(["web-view"]).values()
+        self.web_url = f"http://127.0.0.1:{self.web_port}/"
+        #: The ``kubectl shoal gangs`` snapshots taken: moment and file (relative to --out).
+        self.views: list[dict[str, str]] = []
         self.started = time.monotonic()
         self.events: list[str] = []
         self.failures: list[str] = []
@@ -196,6 +213,8 @@ class Demo:
             "2",
             "--reclaim-grace",
             str(grace),
+            "--web-view",
+            f"127.0.0.1:{self.web_port}",
             *self.scheduler_args(),
         ]
         proc, _ = process.spawn(
@@ -206,6 +225,39 @@ class Demo:
         )
         self.procs.append(proc)
         self.say(f"Shoal scheduler started (reclaim grace {grace:.0f} s)")
+        self.show(f"Live view: {self.web_url}", "")
+
+    async def snapshot(self, slug: str, moment: str) -> None:
+        """Show and save ``kubectl shoal gangs`` for the demo's namespace, run as a user runs it:
+        the plugin in its own process, with the demo's admin kubeconfig."""
+        assert self.handle is not None
+        folder = self.options.out / "views"
+        if not self.views:
+            shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True, exist_ok=True)
+        argv = ["gangs", "-n", NAMESPACE, "--kubeconfig", str(self.handle.kubeconfig)]
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "shoalctl",
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            out = b"(no answer in 60 s)\n"
+        text = out.decode(errors="replace")
+        path = folder / f"{len(self.views) + 1:02d}-{slug}.txt"
+        path.write_text(text)
+        self.views.append({"moment": moment, "file": str(path.relative_to(self.options.out))})
+        self.show(f"$ kubectl shoal gangs -n {NAMESPACE}    # {moment}", text)
+        if proc.returncode != 0:
+            self.fail(f"kubectl shoal gangs exited {proc.returncode}: {text.strip()}")
 
     def start_agent(self, node: str) -> None:
         assert self.handle is not None
@@ -444,6 +496,7 @@ class Demo:
                 "all jobs admitted at their minimum and grown to their maximum: "
                 + ", ".join(f"{n} {self.jobs[n].bound}/{self.jobs[n].plan.max}" for n in names_)
             )
+            await self.snapshot("admitted", "every job admitted and grown to its maximum")
         self.growth_done = True
         await asyncio.sleep(3)
 
@@ -478,6 +531,7 @@ class Demo:
             "replacements to bring every job back to its maximum", lambda: self.at_max(names_), 120
         ):
             self.say("replacements placed on the remaining capacity; every job back at maximum")
+            await self.snapshot("spot-notice", "after the spot revocation: replacements placed")
 
         self.submit(urgent)
         if await self.until(
@@ -489,6 +543,7 @@ class Demo:
                 f"{urgent.name} admitted: surplus members of the others reclaimed; "
                 + ", ".join(f"{n} {self.jobs[n].bound}/{self.jobs[n].plan.max}" for n in names_)
             )
+            await self.snapshot("reclaimed", f"after the reclaim for {urgent.name}")
         await asyncio.sleep(3)
 
         self.say("capacity returns: two new spot nodes; the urgent job finishes")
@@ -499,6 +554,7 @@ class Demo:
         )
         if await self.until("every job to regrow to its maximum", lambda: self.at_max(names_), 180):
             self.say("every job regrown to its maximum")
+            await self.snapshot("end", "the end: every job regrown")
         await asyncio.sleep(2)
 
     def post_notice(self, cloud: Cloud) -> float:

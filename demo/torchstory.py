@@ -34,7 +34,7 @@ from typing import Any
 from kubernetes import client, config
 
 from contracts import names
-from demo.scenario import HIGH, NAMESPACE, Demo, Options
+from demo.scenario import HIGH, NAMESPACE, Demo, Options, Show
 from devcluster import cluster
 from fakes.runtime import Runtime
 
@@ -157,8 +157,8 @@ class TorchDemo(Demo):
 
     spot_fraction = 1.0
 
-    def __init__(self, options: Options, say: Any) -> None:
-        super().__init__(options, say)
+    def __init__(self, options: Options, say: Any, show: Show | None = None) -> None:
+        super().__init__(options, say, show)
         # Short: a unix socket's path has at most 107 bytes.
         self.root = Path(tempfile.mkdtemp(prefix="shoal-demo-"))
         self.runtimes: list[Runtime] = []
@@ -450,6 +450,7 @@ class TorchDemo(Demo):
         self.submit_training()
         await self.need(f"{JOB} to train at world {MIN}", lambda: self.training_at(MIN, 3))
         self.say(f"{JOB} admitted at its minimum: {MIN} pods, torchrun world {MIN}, training")
+        await self.snapshot("admitted", f"{JOB} admitted at its minimum")
 
         self.cause("grow: a node arrives")
         self.add_nodes(1, prefix="gpu-b")
@@ -465,6 +466,7 @@ class TorchDemo(Demo):
             f"{lead:.0f} s lead (compressed {self.options.compression:g}x)"
         )
         await self.shrunk(victim_pod)
+        await self.snapshot("spot-notice", f"after the spot notice took {victim_pod}")
         await asyncio.sleep(max(0.0, lead - (time.monotonic() - posted)))
         self.remove_node(victim)
         self.say(f"{victim} revoked by the cloud; the replacement pod waits for capacity")
@@ -480,6 +482,7 @@ class TorchDemo(Demo):
         await self.shrunk(reclaimed)
         await self.need("urgent to be bound", lambda: self.pods_of("urgent"))
         self.say("urgent bound in the room the reclaim made")
+        await self.snapshot("reclaimed", f"after the reclaim of {reclaimed} for urgent")
 
         self.cause("regrow: the urgent gang finishes")
         client.CoreV1Api(self.api).delete_namespaced_pod(
@@ -490,6 +493,7 @@ class TorchDemo(Demo):
         _, step = self.world()
         await self.need(f"{TAIL_STEPS} more steps", lambda: self.world()[1] >= step + TAIL_STEPS)
         self.say(f"{JOB} reached step {self.world()[1]}; the story ends")
+        await self.snapshot("end", "the end")
 
     async def grown(self, how: str) -> None:
         _, step = self.world()

@@ -6,27 +6,82 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.waiting import eventually
+
+LIVE_VIEW = "Live view: "
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
 
 def run_demo(out: Path, *args: str) -> dict[str, Any]:
+    """Runs the demo to its end; while it runs, the web view address it prints must answer."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
-    result = subprocess.run(
+    lines: list[str] = []
+    answered: list[str] = []
+    with subprocess.Popen(
         [sys.executable, "-m", "demo", "--no-live", "--out", str(out), *args],
-        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=900,
         env=env,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
+    ) as proc:
+        watchdog = threading.Timer(900, proc.kill)
+        watchdog.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.append(line)
+                if line.startswith(LIVE_VIEW) and not answered:
+                    answered.append(line.removeprefix(LIVE_VIEW).strip())
+                    eventually(
+                        lambda: _answers(answered[0]),
+                        timeout=60,
+                        what=f"GET {answered[0]} to answer 200",
+                    )
+        except BaseException:
+            proc.kill()  # a failed check ends the demo too
+            raise
+        finally:
+            watchdog.cancel()
+        code = proc.wait()
+    output = "".join(lines)
+    assert code == 0, output[-8000:]
+    assert len(answered) == 1, output[-8000:]
     summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
     assert summary["failures"] == []
+    assert summary["web_view"] == answered[0]
     assert (out / "timeline.png").stat().st_size > 0
+    # Each snapshot is in the output as it was saved.
+    for view in summary["views"]:
+        assert (out / view["file"]).read_text().rstrip() in output, view
     return summary
+
+
+def gangs_bound(out: Path, summary: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """For each saved ``kubectl shoal gangs`` snapshot (by its file name's moment): the BOUND
+    column by gang name."""
+    found = {}
+    for view in summary["views"]:
+        header, *rows = (out / view["file"]).read_text().splitlines()
+        columns = header.split()
+        assert columns[:5] == ["NAME", "SOURCE", "MIN", "BOUND", "MAX"], header
+        moment = Path(view["file"]).stem.split("-", 1)[1]
+        found[moment] = {row.split()[0]: int(row.split()[3]) for row in rows}
+    return found
 
 
 def test_the_torch_story_stops_every_rank_at_one_step_and_loses_nothing(tmp_path: Path) -> None:
@@ -53,6 +108,14 @@ def test_the_torch_story_stops_every_rank_at_one_step_and_loses_nothing(tmp_path
     assert summary["steps_lost"] == 0
     assert summary["steps_missing"] == []
     assert summary["steps"] > changes[-1]["resumed_at_step"]
+    # `kubectl shoal gangs` at each key moment: the gang at its minimum, still at its minimum
+    # after the spot notice took a member and after the reclaim (urgent bound), and regrown.
+    views = gangs_bound(tmp_path / "demo", summary)
+    assert list(views) == ["admitted", "spot-notice", "reclaimed", "end"]
+    assert views["admitted"]["train"] == 2
+    assert views["spot-notice"]["train"] == 2
+    assert views["reclaimed"] == {"train": 2, "urgent": 1}
+    assert views["end"]["train"] == 3
 
 
 def test_the_simulated_story_keeps_every_promise(tmp_path: Path) -> None:
@@ -65,3 +128,11 @@ def test_the_simulated_story_keeps_every_promise(tmp_path: Path) -> None:
     assert jobs["bert"]["replacements"] >= 1
     assert any("spot revocation" in line for line in summary["events"])
     assert any("urgent admitted" in line for line in summary["events"])
+    # `kubectl shoal gangs` at each key moment: 8 nodes, two revoked then replaced by two new.
+    views = gangs_bound(tmp_path / "demo", summary)
+    assert list(views) == ["admitted", "spot-notice", "reclaimed", "end"]
+    assert views["admitted"] == {"llama": 3, "bert": 3}
+    assert views["spot-notice"] == {"llama": 3, "bert": 3}
+    assert views["reclaimed"] == {"llama": 2, "bert": 2, "urgent": 2}
+    assert views["end"]["llama"] == 3
+    assert views["end"]["bert"] == 3
