@@ -129,7 +129,7 @@ class _Program:
 def _wire(settings: CliSettings, api: Any, workers: int) -> _Program:
     """Build the cache, reporter, runner, informers, lease and loop thread, not yet started."""
     limiter = TokenBucket(float(settings.qps), int(settings.burst))
-    cache = Cache()
+    cache = Cache(topology_keys=tuple(settings.topology_keys))
     metrics = Metrics()
     name = str(settings.scheduler_name)
     # Events and conditions get their own budget (as kube-scheduler's event client does), so

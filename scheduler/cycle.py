@@ -154,7 +154,9 @@ def decide(
                     waiting=True,
                 ),
             )
-        result = place(_request(gang, pending[:need], config, surplus=False), snapshot.nodes)
+        result = place(
+            _request(gang, pending[:need], config, surplus=False), snapshot.nodes, snapshot.domains
+        )
         if isinstance(result, Unschedulable):
             return Decision(gang, unschedulable=result)
         bindings.extend(result.assignments)
@@ -172,7 +174,7 @@ def decide(
             bound.extend(a.node for a in bindings)
             for pod in pending[:room]:
                 request = _request(gang, [pod], config, surplus=True, bound_nodes=bound)
-                one = place(request, snapshot.nodes)
+                one = place(request, snapshot.nodes, snapshot.domains)
                 if isinstance(one, Unschedulable):
                     surplus_why = surplus_why or one
                     continue
@@ -219,7 +221,9 @@ def _min_fits(
         if other.key == gang.key or other.key in skip or not min_waiting(other):
             continue
         pods = list(other.pending)[: other.min_missing]
-        found = place(_request(other, pods, config, surplus=False), snapshot.nodes)
+        found = place(
+            _request(other, pods, config, surplus=False), snapshot.nodes, snapshot.domains
+        )
         if not isinstance(found, Unschedulable):
             return True
     return False

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from contracts import names
 from scheduler import topology
 from scheduler.gang.build import gang_of
 from scheduler.model import (
@@ -21,6 +22,7 @@ from scheduler.model import (
     PodRequest,
     Resources,
 )
+from scheduler.topology.domains import EMPTY, DomainIndex, Domains
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,11 +36,14 @@ class Snapshot:
     #: same object from one snapshot to the next while none of its pods changed. ``None`` in
     #: snapshots derived inside a cycle.
     members: Mapping[GangKey, tuple[PodRequest, ...]] | None = None
+    #: Free capacity per topology domain of ``nodes`` (the keys the cache tracks).
+    domains: Domains = EMPTY
 
     def with_assignments(self, assignments: Iterable[Assignment]) -> Snapshot:
         """The snapshot after binding ``assignments`` (used inside one cycle)."""
         nodes = dict(self.nodes)
         pods = dict(self.pods)
+        changes: list[tuple[NodeState | None, NodeState | None]] = []
         for a in assignments:
             pod = dataclasses.replace(pods[a.pod], node=a.node)
             pods[a.pod] = pod
@@ -47,12 +52,13 @@ class Snapshot:
             if islands is not None:
                 islands = topology.take(islands, pod.requests.gpu)
             nodes[a.node] = NodeState(state.node, state.requested + pod.requests, islands)
-        return Snapshot(nodes, pods, self.pod_groups)
+            changes.append((state, nodes[a.node]))
+        return Snapshot(nodes, pods, self.pod_groups, domains=self.domains.moved(changes))
 
     def with_reserved(self, reserved: Iterable[tuple[NodeName, Resources]]) -> Snapshot:
         """The snapshot with room held on nodes (for a gang whose victims are leaving)."""
         nodes = dict(self.nodes)
-        changed = False
+        changes: list[tuple[NodeState | None, NodeState | None]] = []
         for name, amount in reserved:
             state = nodes.get(name)
             if state is None:
@@ -61,8 +67,10 @@ class Snapshot:
             if islands is not None:
                 islands = topology.take(islands, amount.gpu)
             nodes[name] = NodeState(state.node, state.requested + amount, islands)
-            changed = True
-        return Snapshot(nodes, self.pods, self.pod_groups) if changed else self
+            changes.append((state, nodes[name]))
+        if not changes:
+            return self
+        return Snapshot(nodes, self.pods, self.pod_groups, domains=self.domains.moved(changes))
 
     def without(self, keys: Iterable[PodKey]) -> Snapshot:
         """The snapshot as if the pods ``keys`` had left their nodes."""
@@ -76,16 +84,27 @@ class Snapshot:
         for pod in self.pods.values():
             if pod.node in staying and pod.key not in gone and pod.holds_resources:
                 staying[pod.node].append(pod)
+        changes: list[tuple[NodeState | None, NodeState | None]] = []
         for name, pods in staying.items():
             if name in nodes:
-                nodes[name] = node_state(nodes[name].node, pods)
+                old = nodes[name]
+                nodes[name] = node_state(old.node, pods)
+                changes.append((old, nodes[name]))
         return Snapshot(
-            nodes, {k: p for k, p in self.pods.items() if k not in gone}, self.pod_groups
+            nodes,
+            {k: p for k, p in self.pods.items() if k not in gone},
+            self.pod_groups,
+            domains=self.domains.moved(changes),
         )
 
 
 class Cache:
-    def __init__(self, *, assume_ttl: float = 60.0) -> None:
+    def __init__(
+        self,
+        *,
+        assume_ttl: float = 60.0,
+        topology_keys: Iterable[str] = names.DEFAULT_TOPOLOGY_KEYS,
+    ) -> None:
         self._lock = threading.Lock()
         self._assume_ttl = assume_ttl
         self._nodes: dict[NodeName, Node] = {}
@@ -102,6 +121,10 @@ class Cache:
         self._by_gang: dict[GangKey, dict[PodKey, PodRequest]] = {}
         self._gang_tuples: dict[GangKey, tuple[PodRequest, ...]] = {}
         self._dirty: set[GangKey] = set()
+        # Free capacity per topology domain: each node counted with the state it had when last
+        # snapshotted (``_counted``), moved to its new state when a snapshot recomputes it.
+        self._domains = DomainIndex(topology_keys)
+        self._counted: dict[NodeName, NodeState] = {}
 
     # -- nodes ---------------------------------------------------------------------------------
     def set_node(self, node: Node) -> None:
@@ -113,6 +136,7 @@ class Cache:
         with self._lock:
             self._nodes.pop(name, None)
             self._states.pop(name, None)
+            self._uncount(name)
 
     def has_node(self, name: NodeName) -> bool:
         """The node exists as the API server last told us (checked again just before a bind:
@@ -125,6 +149,8 @@ class Cache:
         with self._lock:
             self._nodes = {n.name: n for n in nodes}
             self._states.clear()
+            for name in [n for n in self._counted if n not in self._nodes]:
+                self._uncount(name)
 
     # -- pods ----------------------------------------------------------------------------------
     def set_pod(self, pod: PodRequest) -> PodRequest | None:
@@ -207,7 +233,9 @@ class Cache:
         with self._lock:
             for name, node in self._nodes.items():
                 if name not in self._states:
-                    self._states[name] = self._state(node)
+                    state = self._states[name] = self._state(node)
+                    self._domains.update(self._counted.get(name), state)
+                    self._counted[name] = state
             pods = dict(self._pods)
             for key, (_, _, placed) in self._assumed.items():
                 if key in pods:
@@ -219,9 +247,20 @@ class Cache:
                 else:
                     self._gang_tuples.pop(gang, None)
             self._dirty.clear()
-            return Snapshot(dict(self._states), pods, dict(self._groups), dict(self._gang_tuples))
+            return Snapshot(
+                dict(self._states),
+                pods,
+                dict(self._groups),
+                dict(self._gang_tuples),
+                self._domains.view(),
+            )
 
     # -- internals (lock held) -----------------------------------------------------------------
+    def _uncount(self, name: NodeName) -> None:
+        old = self._counted.pop(name, None)
+        if old is not None:
+            self._domains.update(old, None)
+
     def _forget(self, key: PodKey) -> None:
         if key not in self._assumed:
             return

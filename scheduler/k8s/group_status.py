@@ -9,6 +9,12 @@ pods run; with ``running`` and ``succeeded`` counts.
 A Kubernetes PodGroup (``scheduling.k8s.io``) gets the condition kube-scheduler writes,
 ``PodGroupInitiallyScheduled``: ``False`` (reason ``Unschedulable``) while its minimum is not
 bound, ``True`` once it first is; once ``True`` it never goes back (the API defines it so).
+When Shoal reclaims members of such a gang for another one, it also gets the ``DisruptionTarget``
+condition the API defines for preemption: ``True``, reason ``PreemptionByScheduler``, and the
+message kube-scheduler (v1.37) writes on the pods it preempts, ``<scheduler>: preempting to
+accommodate a higher priority podgroup`` (``pod`` when the gang it makes room for is a single
+pod). kube-scheduler v1.37 itself writes that condition on the victim pods only; Shoal's victims
+get the Eviction API's instead (``docs/architecture.md``, one reclaim).
 Which version the cluster serves is found when its informer first lists (:data:`VERSIONS`).
 """
 
@@ -29,6 +35,9 @@ VERSIONS = {
 #: The Kubernetes PodGroup versions Shoal reads, newest first.
 KUBERNETES_VERSIONS = ("v1beta1", "v1alpha3")
 INITIALLY_SCHEDULED = "PodGroupInitiallyScheduled"
+DISRUPTION_TARGET = "DisruptionTarget"
+#: The reason of ``DisruptionTarget`` when a scheduler preempted the group (the API's constant).
+PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"
 
 
 def involved(ref: str, uid: str, version: str = "") -> tuple[str, dict[str, str]]:
@@ -82,16 +91,30 @@ def kubernetes_condition(gang: Gang) -> dict[str, Any]:
     }
 
 
+def disruption_condition(scheduler_name: str, preemptor: Gang) -> dict[str, Any]:
+    """The ``DisruptionTarget`` condition for a gang whose members are reclaimed to make room
+    for ``preemptor`` (without its time)."""
+    kind = "podgroup" if preemptor.pod_group is not None or preemptor.max_member > 1 else "pod"
+    return {
+        "type": DISRUPTION_TARGET,
+        "status": "True",
+        "reason": PREEMPTION_BY_SCHEDULER,
+        "message": f"{scheduler_name}: preempting to accommodate a higher priority {kind}",
+    }
+
+
 def merged_condition(
     raw: dict[str, Any], condition: dict[str, Any], now: str
 ) -> dict[str, Any] | None:
     """``condition`` as it is to be written on the PodGroup object ``raw``: with the time it
     last changed status (``now``, or the time already there when the status is the same);
-    ``None`` when nothing is to be written (it is ``True`` there, which is for good)."""
+    ``None`` when nothing is to be written (``PodGroupInitiallyScheduled`` is ``True`` there,
+    which is for good)."""
     for old in (raw.get("status") or {}).get("conditions") or []:
-        if old.get("type") != INITIALLY_SCHEDULED:
+        if old.get("type") != condition["type"]:
             continue
-        if old.get("status") == "True" and condition["status"] != "True":
+        sticky = condition["type"] == INITIALLY_SCHEDULED
+        if sticky and old.get("status") == "True" and condition["status"] != "True":
             return None
         if old.get("status") == condition["status"] and old.get("lastTransitionTime"):
             return {**condition, "lastTransitionTime": old["lastTransitionTime"]}

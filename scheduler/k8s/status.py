@@ -30,6 +30,7 @@ import structlog
 from common.kubeevents import EventSource, event_body
 from contracts import names
 from contracts.times import format_time
+from scheduler.gang.build import gang_of
 from scheduler.gang.group_status import GroupStatus
 from scheduler.k8s import group_status
 from scheduler.k8s.client import ApiError, Rest, TokenBucket, pod_path
@@ -153,8 +154,10 @@ class ApiReporter:
         self._clock = clock
         # ("gang-event", "gang|reason") -> when its last gang Event was sent, and what it said.
         self._gang_events: dict[tuple[str, str], tuple[float, str]] = {}
-        # PodGroup status not yet written, newest only, per "namespace/name|uid"; writes for one
-        # group hold one of these locks, so that an older status never lands after a newer one.
+        # PodGroup status not yet written, newest only, per object and kind of write
+        # ("namespace/name|uid", a Kubernetes PodGroup's ref, or its ref|DisruptionTarget);
+        # writes to one object hold one of these locks, so that an older status never lands
+        # after a newer one.
         #: The newest status write asked for each group: the write and its arguments.
         self._group_latest: dict[str, tuple[Callable[..., None], tuple[Any, ...]]] = {}
         self._group_locks = tuple(threading.Lock() for _ in range(16))
@@ -252,6 +255,21 @@ class ApiReporter:
             f"to make room for gang {gang.key} (priority {gang.priority}); evicted then"
         )
         self._submit(self._pod_event, pod, "Warning", "Reclaimed", message)
+        ref = gang_of(pod)[1]
+        if ref is not None and split_group_ref(ref)[0] is GroupApi.KUBERNETES:
+            self._disrupted(ref, gang)
+
+    def _disrupted(self, ref: str, preemptor: Gang) -> None:
+        """``DisruptionTarget`` on the Kubernetes PodGroup ``ref``, whose members are asked to
+        leave for ``preemptor``; once per group and preemptor, newest last (as its other
+        condition, so that the two never race on the object)."""
+        condition = group_status.disruption_condition(self._name, preemptor)
+        key = ("disruption", ref)
+        if self._changed(key, f"{preemptor.key}|{condition['message']}"):
+            latest = f"{ref}|{group_status.DISRUPTION_TARGET}"
+            with self._lock:
+                self._group_latest[latest] = (self._kubernetes_condition, (ref, condition))
+            self._submit(self._latest_group_status, latest, remembered=key)
 
     def nominated(self, pod: PodRequest, node: NodeName) -> None:
         key = ("nominated", pod.key)
@@ -423,8 +441,10 @@ class ApiReporter:
 
     def _latest_group_status(self, key: str) -> None:
         """Write the newest status asked for the group ``key``, if no write took it already:
-        the worker pool runs writes in any order, and the PodGroup must end up with the last."""
-        with self._group_locks[hash(key) % len(self._group_locks)]:
+        the worker pool runs writes in any order, and the PodGroup must end up with the last.
+        Writes to one object (``key`` up to ``|``) take one lock, whatever they write."""
+        lock = self._group_locks[hash(key.split("|", 1)[0]) % len(self._group_locks)]
+        with lock:
             with self._lock:
                 latest = self._group_latest.pop(key, None)
             if latest is not None:

@@ -8,6 +8,10 @@ the racks already chosen. ``shoal.dev/topology-required`` turns that into a hard
 value of that label or nothing. Inside a domain, pods are assigned greedily, biggest first, to
 the best-scoring node that still has room, with the room updated after each pod, so a placement
 never asks a node for more than it has free.
+
+Domains are ranked by the free capacity of the nodes the gang can use. With the snapshot's
+per-domain totals (:mod:`scheduler.topology.domains`), that is each domain's total minus what the
+nodes no member fits on hold: a pass over those few nodes, not over every feasible one.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from scheduler.model import (
 )
 from scheduler.placement import filters
 from scheduler.placement.score import DEFAULT_WEIGHTS, Weights, node_score
+from scheduler.topology.domains import Domain, Domains
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +64,13 @@ def _shape(pod: PodRequest) -> tuple[object, ...]:
     )
 
 
-def place(request: Request, nodes: Mapping[NodeName, NodeState]) -> Placement | Unschedulable:
+def place(
+    request: Request, nodes: Mapping[NodeName, NodeState], domains: Domains | None = None
+) -> Placement | Unschedulable:
     """Nodes for all of ``request.pods`` on ``nodes``, or why there are none.
+
+    ``domains`` are the per-domain free totals of exactly ``nodes`` (a snapshot's); without
+    them, or for a key they do not track, domains are summed here.
 
     The steps: find the nodes each pod could run on by itself (:func:`_feasible`); then, with a
     required topology key, try one domain of it at a time (:func:`_in_required_domain`);
@@ -73,7 +83,7 @@ def place(request: Request, nodes: Mapping[NodeName, NodeState]) -> Placement | 
     feasible = _feasible(pods, nodes)
     if isinstance(feasible, Unschedulable):
         return feasible
-    search = _Search(request, pods, nodes, *feasible)
+    search = _Search(request, pods, nodes, *feasible, domains=domains)
     if request.required:
         return _in_required_domain(search, request.required)
     return _narrowest_first(search)
@@ -95,6 +105,8 @@ def _feasible(
                 return Unschedulable(len(nodes), dict(reasons))
             by_shape[shape] = fits
         feasible[pod.key] = by_shape[shape]
+    if len(by_shape) == 1:
+        return feasible, frozenset(next(iter(by_shape.values())))
     return feasible, frozenset(n for fits in by_shape.values() for n in fits)
 
 
@@ -106,6 +118,10 @@ def _filter(
     fits: list[NodeName] = []
     reasons: Counter[str] = Counter()
     static = filters.static_verdicts(shape[1:])
+    # filters.resources_fit, inlined for the common case (it fits): this loop runs over every
+    # node for every decision.
+    request = pod.requests
+    pods, cpu, memory, gpu = max(request.pods, 1), request.cpu_milli, request.memory, request.gpu
     for name in sorted(nodes):
         state = nodes[name]
         known = static.get(name)
@@ -115,11 +131,17 @@ def _filter(
             reason = filters.first_static_failure(pod, state)
             static[name] = (state.node, reason)
         if reason is None:
-            reason = filters.resources(pod, state)
-        if reason is None:
-            fits.append(name)
-        else:
-            reasons[reason] += 1
+            free = state.free
+            if (
+                free.pods >= pods
+                and free.cpu_milli >= cpu
+                and free.memory >= memory
+                and free.gpu >= gpu
+            ):
+                fits.append(name)
+                continue
+            reason = filters.resources_fit(request, free) or filters.TOO_MANY_PODS  # not None
+        reasons[reason] += 1
     return fits, reasons
 
 
@@ -134,8 +156,12 @@ class _Search:
     feasible: Mapping[PodKey, list[NodeName]]
     #: Every node some pod fits on.
     union: frozenset[NodeName]
+    #: Free capacity per domain of ``nodes``, when the snapshot keeps it.
+    domains: Domains | None = None
     #: What the pods ask for together.
     need: Resources = field(init=False)
+    #: The nodes no pod fits on (``nodes`` less ``union``), found on first use.
+    _outside: list[frozenset[NodeName]] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         need = Resources(
@@ -145,6 +171,12 @@ class _Search:
             len(self.pods),
         )
         object.__setattr__(self, "need", need)
+
+    @property
+    def outside(self) -> frozenset[NodeName]:
+        if not self._outside:
+            self._outside.append(frozenset(self.nodes.keys() - self.union))
+        return self._outside[0]
 
     def attempt(self, candidates: Collection[NodeName], key: str | None) -> Placement | None:
         """Every pod on ``candidates`` (members drawn together on ``key``), or ``None``."""
@@ -183,12 +215,12 @@ def _in_required_domain(search: _Search, key: str) -> Placement | Unschedulable:
             summary=f"topology key {key!r} (shoal.dev/topology-required) is not a label "
             "of any node;",
         )
-    groups = _group(search.union, nodes, key)
+    groups = _usable(search, key)
     bound = search.request.bound_nodes
     if bound:
         wanted = {nodes[n].node.labels.get(key) for n in bound if n in nodes}
         groups = {v: g for v, g in groups.items() if v in wanted}
-    found = search.first_fit(_tightest_first(groups, nodes, search.need), key)
+    found = search.first_fit(_tightest_first(groups, search.need), key)
     if found is not None:
         return found
     return Unschedulable(
@@ -270,35 +302,68 @@ def _bound_domains(request: Request, nodes: Mapping[NodeName, NodeState]) -> dic
 
 def _domains_to_try(
     search: _Search, key: str, bound_value: str | None
-) -> list[tuple[str, set[NodeName]]]:
+) -> list[tuple[str, Collection[NodeName]]]:
     """The domains of ``key`` to try, in order: the bound members' one first, then the
     tightest that has room. None when the level does not divide the feasible nodes (no node
     has the label, or one value covers them all: the whole-cluster try covers that)."""
-    groups = _group(search.union, search.nodes, key)
-    if not groups or (len(groups) == 1 and len(next(iter(groups.values()))) == len(search.union)):
+    groups = _usable(search, key)
+    if not groups or (len(groups) == 1 and next(iter(groups.values())).count == len(search.union)):
         return []
-    tightest = _tightest_first(groups, search.nodes, search.need)
+    tightest = _tightest_first(groups, search.need)
     if bound_value is None or bound_value not in groups:
         return tightest
-    return [(bound_value, groups[bound_value])] + [(v, g) for v, g in tightest if v != bound_value]
+    first = groups[bound_value].nodes
+    return [(bound_value, first)] + [(v, g) for v, g in tightest if v != bound_value]
 
 
-def _group(
+@dataclass(frozen=True, slots=True)
+class _Usable:
+    """One domain as a search sees it: the free capacity and number of the nodes in it that
+    some pod fits on, and ``nodes``, a set holding those (and perhaps others no pod fits on,
+    which the assignment skips anyway)."""
+
+    free: Resources
+    count: int
+    nodes: Collection[NodeName]
+
+
+def _usable(search: _Search, key: str) -> dict[str, _Usable]:
+    """The domains of ``key`` that hold a node some pod fits on. From the snapshot's totals
+    less the nodes no pod fits on when those are the fewer; else summed over the feasible
+    nodes."""
+    index = search.domains.of(key) if search.domains is not None else None
+    if index is not None and len(search.union) > len(search.nodes) - len(search.union):
+        return _usable_from_totals(search, key, index)
+    return _usable_summed(search.union, search.nodes, key)
+
+
+def _usable_from_totals(
+    search: _Search, key: str, index: Mapping[str, Domain]
+) -> dict[str, _Usable]:
+    free = {value: domain.free for value, domain in index.items()}
+    count = {value: len(domain.members) for value, domain in index.items()}
+    for name in search.outside:
+        state = search.nodes[name]
+        value = state.node.labels.get(key)
+        if value is not None:
+            free[value] = free[value] - state.free
+            count[value] -= 1
+    return {
+        value: _Usable(free[value], count[value], domain.members)
+        for value, domain in index.items()
+        if count[value] > 0
+    }
+
+
+def _usable_summed(
     candidates: Iterable[NodeName], nodes: Mapping[NodeName, NodeState], key: str
-) -> dict[str, set[NodeName]]:
+) -> dict[str, _Usable]:
     groups: dict[str, set[NodeName]] = defaultdict(set)
     for name in candidates:
         value = nodes[name].node.labels.get(key)
         if value is not None:
             groups[value].add(name)
-    return groups
-
-
-def _tightest_first(
-    groups: Mapping[str, set[NodeName]], nodes: Mapping[NodeName, NodeState], need: Resources
-) -> list[tuple[str, set[NodeName]]]:
-    """Domains whose free total covers ``need``, the one with the least room left first."""
-    sized: list[tuple[int, int, str, set[NodeName]]] = []
+    usable: dict[str, _Usable] = {}
     for value, group in groups.items():
         cpu = memory = gpu = pods = 0
         for name in group:
@@ -307,8 +372,19 @@ def _tightest_first(
             memory += free.memory
             gpu += free.gpu
             pods += free.pods
-        if Resources(cpu, memory, gpu, pods).covers(need):
-            sized.append((gpu - need.gpu, cpu, value, group))
+        usable[value] = _Usable(Resources(cpu, memory, gpu, pods), len(group), group)
+    return usable
+
+
+def _tightest_first(
+    groups: Mapping[str, _Usable], need: Resources
+) -> list[tuple[str, Collection[NodeName]]]:
+    """Domains whose free total covers ``need``, the one with the least room left first."""
+    sized = [
+        (domain.free.gpu - need.gpu, domain.free.cpu_milli, value, domain.nodes)
+        for value, domain in groups.items()
+        if domain.free.covers(need)
+    ]
     sized.sort(key=lambda item: (item[0], item[1], item[2]))
     return [(value, group) for _, _, value, group in sized]
 

@@ -288,7 +288,7 @@ class Simulation:
         self.config = POLICIES[policy]
         self.settings = settings
         self.result = Result(policy=policy, settings=settings)
-        self.cache = Cache(assume_ttl=math.inf)
+        self.cache = Cache(assume_ttl=math.inf, topology_keys=self.config.topology_keys)
         self.queue = GangQueue()
         self.nodes = {n.name: n for n in nodes}
         self.live: set[NodeName] = set()

@@ -294,3 +294,78 @@ def test_plain_indexed_job_is_scheduled_through_the_pod_group_its_controller_mad
         what="PodGroupInitiallyScheduled=True on the Job's PodGroup",
     )
     assert placed["reason"] == "Scheduled"
+
+
+def _k8s_conditions(pods: Pods, name: str) -> dict[str, dict[str, Any]]:
+    custom = client.CustomObjectsApi(pods.devcluster.api)
+    group = custom.get_namespaced_custom_object(*K8S, pods.namespace, "podgroups", name)
+    return {str(c["type"]): dict(c) for c in (group.get("status") or {}).get("conditions") or []}
+
+
+def _k8s_member(pods: Pods, name: str, group: str) -> str:
+    body = {
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerName": pods.scheduler,
+            "schedulingGroup": {"podGroupName": group},
+            "tolerations": [KWOK_TOLERATION],
+            "nodeSelector": {TEST_LABEL: pods.pool},
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "worker",
+                    "image": "registry.example/trainer:1",
+                    "resources": {"limits": {names.GPU_RESOURCE: "8"}},
+                }
+            ],
+        },
+    }
+    pods.devcluster.core().create_namespaced_pod(pods.namespace, body)
+    return name
+
+
+def test_kubernetes_pod_group_reclaimed_for_a_higher_priority_gang_is_a_disruption_target(
+    devcluster: Devcluster,
+    pool: Pool,
+    pods: Pods,
+    start_scheduler: Callable[..., SchedulerProcess],
+) -> None:
+    """The condition the PodGroup API defines for preemption, as kube-scheduler words it,
+    beside the PodGroupInitiallyScheduled=True that stays."""
+    ensure_priority_class(devcluster, "shoal-test-high", 100000)
+    pool.add(2, gpus=8)
+    body = {
+        "apiVersion": "/".join(K8S),
+        "kind": "PodGroup",
+        "metadata": {"name": "low"},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": 2}}},
+    }
+    custom = client.CustomObjectsApi(pods.devcluster.api)
+    custom.create_namespaced_custom_object(*K8S, pods.namespace, "podgroups", body)
+    low = [_k8s_member(pods, f"low-{i}", "low") for i in range(2)]
+    start_scheduler("--reclaim-grace", "3")
+    eventually(lambda: len(pods.bound(low)) == 2, what="the low-priority PodGroup gang")
+    eventually(
+        lambda: (
+            _k8s_conditions(pods, "low").get("PodGroupInitiallyScheduled", {}).get("status")
+            == "True"
+        ),
+        what="PodGroupInitiallyScheduled=True",
+    )
+    assert "DisruptionTarget" not in _k8s_conditions(pods, "low")
+
+    urgent = pods.gang("urgent", 2, gpus=8, min_member=2, priority_class="shoal-test-high")
+    disrupted = eventually(
+        lambda: _k8s_conditions(pods, "low").get("DisruptionTarget"),
+        what="DisruptionTarget on the reclaimed PodGroup",
+    )
+    assert disrupted["status"] == "True"
+    assert disrupted["reason"] == "PreemptionByScheduler"
+    assert disrupted["message"] == (
+        f"{pods.scheduler}: preempting to accommodate a higher priority podgroup"
+    )
+    assert disrupted["lastTransitionTime"]
+    eventually(lambda: len(pods.bound(urgent)) == 2, what="the high-priority gang in its room")
+    conditions = _k8s_conditions(pods, "low")
+    assert conditions["PodGroupInitiallyScheduled"]["status"] == "True"  # for good
+    assert conditions["DisruptionTarget"] == disrupted  # written once

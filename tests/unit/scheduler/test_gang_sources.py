@@ -16,7 +16,15 @@ from scheduler.k8s import convert, group_status
 from scheduler.k8s.client import TokenBucket
 from scheduler.k8s.group_view import _NewestServed
 from scheduler.k8s.status import ApiReporter
-from scheduler.model import GroupApi, PodGroup, PodRequest, group_ref, split_group_ref
+from scheduler.model import (
+    Gang,
+    GangKey,
+    GroupApi,
+    PodGroup,
+    PodRequest,
+    group_ref,
+    split_group_ref,
+)
 from tests.unit.scheduler.builders import SCHED, group, pod
 
 
@@ -323,3 +331,26 @@ def test_kubernetes_pod_groups_are_read_in_the_newest_version_served(
     with pytest.raises(ApiException) as raised:
         _NewestServed(_Custom())()
     assert raised.value.status == 404  # the informer takes that as "not installed"
+
+
+def test_disruption_target_is_written_beside_a_true_initially_scheduled() -> None:
+    preemptor = Gang(GangKey("ns/big"), "ns", "big", 4, 4, ())
+    condition = group_status.disruption_condition(SCHED, preemptor)
+    assert condition == {
+        "type": "DisruptionTarget",
+        "status": "True",
+        "reason": "PreemptionByScheduler",
+        "message": f"{SCHED}: preempting to accommodate a higher priority podgroup",
+    }
+    single = Gang(GangKey("ns/one"), "ns", "one", 1, 1, ())
+    assert group_status.disruption_condition(SCHED, single)["message"].endswith("priority pod")
+    scheduled = {"type": "PodGroupInitiallyScheduled", "status": "True"}
+    raw = {"status": {"conditions": [scheduled]}}
+    assert group_status.merged_condition(raw, condition, "t2") == {
+        **condition,
+        "lastTransitionTime": "t2",
+    }
+    again = {"status": {"conditions": [scheduled, {**condition, "lastTransitionTime": "t1"}]}}
+    kept = group_status.merged_condition(again, condition, "t3")
+    assert kept is not None
+    assert kept["lastTransitionTime"] == "t1"

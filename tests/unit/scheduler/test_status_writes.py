@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -167,4 +168,77 @@ def test_an_older_pod_group_status_never_lands_after_a_newer_one() -> None:
     _settle(reporter)
     assert landed[-1] == 3
     assert landed in ([1, 3], [1, 2, 3])
+    reporter.close()
+
+
+def _k8s_member(name: str) -> Any:
+    return replace(pod(name, node="n1"), scheduling_group="low")
+
+
+def test_reclaiming_members_of_a_kubernetes_pod_group_marks_it_a_disruption_target() -> None:
+    reporter = _reporter()
+    writes: list[tuple[str, dict[str, Any]]] = []
+    reporter._kubernetes_condition = lambda ref, c: writes.append((ref, c))  # type: ignore[method-assign,assignment]
+    preemptor = Gang(
+        key=GangKey("ns/k8s/high"),
+        namespace="ns",
+        name="high",
+        min_member=2,
+        max_member=2,
+        members=(),
+        priority=100,
+        pod_group="ns/k8s/high",
+    )
+    for name in ("w0", "w1"):  # two members of one group: one write
+        reporter.asked_to_leave(_k8s_member(name), preemptor, leave_by=100.0)
+    reporter.asked_to_leave(pod("plain", node="n1"), preemptor, leave_by=100.0)  # no PodGroup
+    _settle(reporter)
+    assert writes == [
+        (
+            "ns/k8s/low",
+            {
+                "type": "DisruptionTarget",
+                "status": "True",
+                "reason": "PreemptionByScheduler",
+                "message": f"{SCHED}: preempting to accommodate a higher priority podgroup",
+            },
+        )
+    ]
+    reporter.close()
+
+
+def test_the_disruption_write_does_not_displace_a_pending_scheduled_condition() -> None:
+    """Both conditions of one PodGroup are newest-wins each; neither replaces the other."""
+    reporter = _reporter(workers=4)
+    landed: list[str] = []
+    started = threading.Event()
+    release = threading.Event()
+
+    def write(ref: str, condition: dict[str, Any]) -> None:
+        if not started.is_set():
+            started.set()
+            release.wait(5)
+        landed.append(f"{condition['type']}={condition['status']}")
+
+    reporter._kubernetes_condition = write  # type: ignore[method-assign]
+    member = _k8s_member("w0")
+    waiting = Gang(GangKey("ns/k8s/low"), "ns", "low", 2, 2, (member,), pod_group="ns/k8s/low")
+    reporter.gang_status(waiting)  # False: 1 of 2 bound
+    assert started.wait(5)
+    bound = Gang(
+        GangKey("ns/k8s/low"),
+        "ns",
+        "low",
+        1,
+        2,
+        (member,),
+        pod_group="ns/k8s/low",
+    )
+    reporter.gang_status(bound)  # True, queued behind the slow write
+    single = Gang(GangKey("ns/one"), "ns", "one", 1, 1, (pod("one"),), priority=5)
+    reporter.asked_to_leave(member, single, leave_by=1.0)
+    release.set()
+    _settle(reporter)
+    assert landed[0] == "PodGroupInitiallyScheduled=False"
+    assert sorted(landed[1:]) == ["DisruptionTarget=True", "PodGroupInitiallyScheduled=True"]
     reporter.close()
