@@ -231,9 +231,7 @@ def _in_required_domain(search: _Search, key: str) -> Placement | Unschedulable:
     )
 
 
-def _why_no_domain(
-    search: _Search, key: str, groups: Mapping[str, set[NodeName]]
-) -> dict[str, int]:
+def _why_no_domain(search: _Search, key: str, groups: Mapping[str, _Usable]) -> dict[str, int]:
     """Per node, why a required-domain gang cannot go there, as kube-scheduler counts nodes
     for one pod: in the domain that came closest (placed the most members), why the member
     left over does not fit once those before it are placed; every other node is in another
@@ -244,7 +242,7 @@ def _why_no_domain(
             search.request,
             search.pods,
             feasible=search.feasible,
-            candidates=group,
+            candidates=group.nodes,
             nodes=search.nodes,
             together_key=key,
         )
