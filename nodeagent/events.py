@@ -99,6 +99,20 @@ class Pod:
     reclaimed_for: str | None = None
 
 
+#: (key, value) of each taint on this node.
+NodeTaints = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PodEvent:
+    """A Kubernetes Event about a pod (``uid`` is the Event's own, ``pod`` the pod's)."""
+
+    uid: str
+    pod: PodUid
+    reason: str
+    message: str
+
+
 # --- Actions: what the store says is due; adapters carry them out and report back. ---------
 
 
