@@ -20,7 +20,6 @@ from common.values import parse_bool
 from contracts.names import REVOKING_TAINT
 from nodeagent import health, podresources
 from nodeagent.agent import Agent, AgentSettings
-from nodeagent.events import PodKey, PodUid
 from nodeagent.gpu.monitor import GpuOptions
 from nodeagent.gpu.xid import XidPolicy
 from nodeagent.notify.server import DEFAULT_SOCKET, SocketLimits, serve
@@ -448,14 +447,7 @@ def providers(args: argparse.Namespace, cluster: Cluster, cloud: Provider) -> li
             )
         )
     if args.kube_pod_conditions:
-        conditions = args.kube_pod_conditions
-
-        def signals() -> list[tuple[PodKey, PodUid, str]]:
-            return [(s.key, s.uid, s.what) for s in cluster.pod_signals(conditions)]
-
-        found.append(
-            KubePodProvider(read_signals=signals, lead=timedelta(seconds=args.kube_pod_lead))
-        )
+        found.append(KubePodProvider(lead=timedelta(seconds=args.kube_pod_lead)))
     return found
 
 
@@ -503,11 +495,14 @@ def build_agent(args: argparse.Namespace, cluster: Cluster, cloud: Provider) -> 
         pod_cache=pod_cache,
         webhook=Webhook(args.webhook_url) if args.webhook_url else None,
         gpu=gpu_options(args),
-        pod_feed=cluster.pod_feed(),
+        pod_feed=cluster.pod_feed(args.kube_pod_conditions),
     )
+    # The pod signals are read from the pods the agent follows.
     for provider in found:
         if isinstance(provider, KubeEventProvider):
-            provider.pod_of = agent.store.pod  # Events are kept for the pods the agent follows
+            provider.pod_of = agent.store.pod
+        elif isinstance(provider, KubePodProvider):
+            provider.pods = agent.store.pods
     return agent
 
 

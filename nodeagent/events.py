@@ -88,6 +88,8 @@ class Pod:
     the pod, so a restarted agent does not repeat a notice. ``leaving`` is true once the pod has a
     deletion timestamp. ``reclaimed_for`` is the scheduler's ``shoal.dev/reclaimed-for``: the
     gang the scheduler takes the pod back for, its ``leave_by`` then being the scheduler's.
+    ``warning`` describes a pod condition the agent was told announces the pod's removal
+    (``--kube-pod-conditions``), when the pod carries one.
     """
 
     key: PodKey
@@ -97,6 +99,7 @@ class Pod:
     leave_by: datetime | None = None
     leaving: bool = False
     reclaimed_for: str | None = None
+    warning: str | None = None
 
 
 #: (key, value) of each taint on this node.

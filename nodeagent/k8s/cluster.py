@@ -143,13 +143,6 @@ class ConditionRule:
         return cls(kind.strip(), status.strip(), reason.strip() or None)
 
 
-@dataclass(frozen=True, slots=True)
-class PodSignal:
-    key: PodKey
-    uid: PodUid
-    what: str
-
-
 def matching_condition(condition: dict[str, Any], rules: frozenset[ConditionRule]) -> str | None:
     """A description of ``condition`` when one of ``rules`` matches it."""
     for rule in rules:
@@ -162,7 +155,7 @@ def matching_condition(condition: dict[str, Any], rules: frozenset[ConditionRule
     return None
 
 
-def _pod(raw: dict[str, Any]) -> Pod:
+def _pod(raw: dict[str, Any], conditions: frozenset[ConditionRule] = frozenset()) -> Pod:
     meta = raw.get("metadata") or {}
     labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
@@ -185,7 +178,16 @@ def _pod(raw: dict[str, Any]) -> Pod:
         leave_by=leave_by,
         leaving=meta.get("deletionTimestamp") is not None,
         reclaimed_for=annotations.get(names.RECLAIMED_FOR_ANNOTATION) or None,
+        warning=_warning(raw, conditions) if conditions else None,
     )
+
+
+def _warning(raw: dict[str, Any], rules: frozenset[ConditionRule]) -> str | None:
+    for condition in (raw.get("status") or {}).get("conditions") or []:
+        what = matching_condition(condition, rules)
+        if what is not None:
+            return what
+    return None
 
 
 def _finished(raw: dict[str, Any]) -> bool:
@@ -357,10 +359,15 @@ class Cluster:
             with self._lock:
                 self._watches_open -= 1
 
-    def pod_feed(self) -> ListWatch[Pod]:
-        """This node's pods that have not finished."""
+    def pod_feed(self, conditions: frozenset[ConditionRule] = frozenset()) -> ListWatch[Pod]:
+        """This node's pods that have not finished; each with its ``warning`` when it carries
+        one of ``conditions``."""
         selector = f"spec.nodeName={self.node_name}"
-        return ListWatch(self, "pods", "/api/v1/pods", selector, _pod, _finished)
+
+        def parse(raw: dict[str, Any]) -> Pod:
+            return _pod(raw, conditions)
+
+        return ListWatch(self, "pods", "/api/v1/pods", selector, parse, _finished)
 
     def node_feed(self) -> ListWatch[NodeTaints]:
         """This node's taints (the Node named by its field selector)."""
@@ -426,25 +433,6 @@ class Cluster:
     def list_pods(self) -> list[Pod]:
         """This node's pods that have not finished."""
         return self.pod_feed().list_at()[0]
-
-    def pod_signals(self, conditions: frozenset[ConditionRule]) -> list[PodSignal]:
-        """Pods on this node that carry a configured condition."""
-        pods = self.request(
-            "list pods",
-            "GET",
-            "/api/v1/pods",
-            query={"fieldSelector": f"spec.nodeName={self.node_name}"},
-        )
-        signals: list[PodSignal] = []
-        for raw in pods.get("items") or []:
-            meta = raw.get("metadata") or {}
-            key = PodKey(f"{meta.get('namespace')}/{meta.get('name')}")
-            uid = PodUid(str(meta.get("uid")))
-            for condition in (raw.get("status") or {}).get("conditions") or []:
-                what = matching_condition(condition, conditions)
-                if what is not None:
-                    signals.append(PodSignal(key, uid, what))
-        return signals
 
     # --- writes --------------------------------------------------------------------------------
 

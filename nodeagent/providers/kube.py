@@ -10,7 +10,7 @@ watch), so an idle agent costs the API server one request every few minutes.
 
 Platforms that warn the pod rather than the VM do it with an Event of a known reason
 (:class:`KubeEventProvider`, watched the same way, one watch per reason) or a pod condition
-(:class:`KubePodProvider`, which lists this node's pods every ``interval``).
+(:class:`KubePodProvider`, seen by the agent's pod watch).
 
 A watched signal is reported to the sink as soon as it changes, and again every ``interval``
 while its watches are open (no request: what was watched is still current), so the channel's
@@ -28,7 +28,7 @@ from datetime import timedelta
 from typing import Final, TypeVar
 
 from nodeagent.calls import Feed
-from nodeagent.events import EventId, Kind, NodeTaints, Notice, Pod, PodEvent, PodKey, PodUid
+from nodeagent.events import EventId, Kind, NodeTaints, Notice, Pod, PodEvent, PodUid
 from nodeagent.follow import Mirror, WatchSettings
 from nodeagent.providers.base import (
     Clock,
@@ -197,48 +197,48 @@ class KubeEventProvider:
         """Nothing to close."""
 
 
+def _no_pods() -> tuple[Pod, ...]:
+    return ()
+
+
 @dataclass(slots=True)
 class KubePodProvider:
     """Pods warned by the platform with a configured pod condition: each such pod gets a notice
-    scoped to it, ``lead`` after the warning was first seen. Read by listing this node's pods
-    every ``interval`` (only when conditions are configured)."""
+    scoped to it, ``lead`` after the warning was first seen. The pods come from the agent's
+    pod watch, which marks each pod carrying such a condition (its ``warning``); ``pods``
+    (the agent's, set once the agent is built) is read every ``interval``, with no request."""
 
-    #: Blocking read of (pod, uid, what) for the warned pods on this node.
-    read_signals: Callable[[], Sequence[tuple[PodKey, PodUid, str]]]
     lead: timedelta = timedelta(minutes=5)
     interval: float = 2.0
     clock: Clock = wall_clock
     rng: random.Random = field(default_factory=random.Random)
     name: str = "kubernetes"
+    #: This node's pods as the agent follows them.
+    pods: Callable[[], Iterable[Pod]] = _no_pods
 
     async def watch(self, sink: Sink) -> None:
         settings = HttpSettings("", interval=self.interval)
 
         async def tick() -> None:
-            await report(sink, "kubernetes/pods", self.pods)
+            await report(sink, "kubernetes/pods", self.warned)
 
         await poll_forever(settings, self.rng, tick)
 
-    async def pods(self) -> Sequence[Notice]:
-        try:
-            signals = await asyncio.to_thread(self.read_signals)
-        except Exception as exc:
-            raise Unreachable(f"read pod signals: {exc}") from exc
+    async def warned(self) -> Sequence[Notice]:
         now = self.clock()
-        notices: dict[EventId, Notice] = {}
-        for key, uid, what in signals:
-            event_id = EventId(f"kube-pod-{uid}")
-            if event_id not in notices:
-                notices[event_id] = Notice(
-                    event_id=event_id,
-                    source=self.name,
-                    channel="kubernetes/pods",
-                    kind=Kind.PREEMPT,
-                    deadline=now + self.lead,
-                    reason=f"platform warning on {key}: {what}",
-                    scope=frozenset({key}),
-                )
-        return list(notices.values())
+        return [
+            Notice(
+                event_id=EventId(f"kube-pod-{pod.uid}"),
+                source=self.name,
+                channel="kubernetes/pods",
+                kind=Kind.PREEMPT,
+                deadline=now + self.lead,
+                reason=f"platform warning on {pod.key}: {pod.warning}",
+                scope=frozenset({pod.key}),
+            )
+            for pod in sorted(self.pods(), key=lambda p: p.uid)
+            if pod.warning is not None
+        ]
 
     def stale_after(self) -> float:
         return max(30.0, 10 * self.interval)

@@ -1,9 +1,10 @@
-"""The Kubernetes-side signals are watched, not polled: a configured taint on the node, or an
-Event of a configured reason about one of this node's pods, is a notice as soon as the watch
-sees it, and nothing is lost when the watch breaks (it resumes from its version, or lists again
-on ``410 Gone`` and finds what appeared meanwhile). The feeds are scripted stand-ins for the port
-(:class:`nodeagent.calls.Feed`); the real ones are tested against the devcluster's API server
-(tests/integration/nodeagent/test_agent.py, tests/integration/reliability/test_api_server.py)."""
+"""The Kubernetes-side signals are watched, not polled: a configured taint on the node, an
+Event of a configured reason about one of this node's pods, or a configured condition on one of
+them, is a notice as soon as a watch sees it, and nothing is lost when the watch breaks (it
+resumes from its version, or lists again on ``410 Gone`` and finds what appeared meanwhile).
+The feeds are scripted stand-ins for the port (:class:`nodeagent.calls.Feed`); the real ones
+are tested against the devcluster's API server (tests/integration/nodeagent/test_agent.py,
+tests/integration/reliability/test_api_server.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from datetime import UTC, datetime
 from nodeagent.calls import Change, WatchExpired
 from nodeagent.events import NodeTaints, Notice, Pod, PodEvent, PodKey, PodUid
 from nodeagent.follow import WatchSettings
+from nodeagent.k8s import Cluster, ConditionRule
 from nodeagent.providers.base import ProviderError
-from nodeagent.providers.kube import KubeEventProvider, KubeTaintProvider
+from nodeagent.providers.kube import KubeEventProvider, KubePodProvider, KubeTaintProvider
 from tests.unit.nodeagent.scripted_feed import Scripted, until
 
 NOW = datetime(2026, 12, 1, 4, 0, tzinfo=UTC)
@@ -126,3 +128,28 @@ async def test_an_event_about_a_pod_on_this_node_is_a_notice_for_that_pod_only()
         await until(lambda: sink.ids() == [])
     finally:
         await stopped(task)
+
+
+async def test_a_pod_the_pod_watch_sees_with_a_configured_condition_is_a_notice_for_it() -> None:
+    rules = frozenset({ConditionRule.parse("DisruptionTarget=True:PreemptionByScheduler")})
+    parse = Cluster(transport=None, node_name="n1").pod_feed(rules).parse  # type: ignore[arg-type]
+    raw = {
+        "metadata": {"namespace": "ns", "name": "w0", "uid": "u0"},
+        "status": {
+            "conditions": [
+                {"type": "Ready", "status": "True"},
+                {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"},
+            ]
+        },
+    }
+    warned = parse(raw)
+    assert warned.warning == "condition DisruptionTarget=True (PreemptionByScheduler)"
+    assert parse({**raw, "status": {}}).warning is None
+
+    here = [warned, W0]
+    provider = KubePodProvider(clock=lambda: NOW, pods=lambda: here)
+    (notice,) = await provider.warned()
+    assert (notice.event_id, notice.scope) == ("kube-pod-u0", frozenset({PodKey("ns/w0")}))
+    assert "DisruptionTarget=True" in notice.reason
+    here.pop(0)  # the pod watch saw it go
+    assert await provider.warned() == []
