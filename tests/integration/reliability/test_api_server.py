@@ -177,6 +177,14 @@ def test_a_taint_written_while_the_agent_watch_is_broken_reaches_the_worker(
     (node,) = nodes.create(
         devcluster.kubeconfig, nodes.NodeSpec(count=1, prefix=f"taint-{uuid.uuid4().hex[:4]}")
     )
+
+    # After the restarts above, kube-controller-manager may take a while to give the new
+    # namespace its default service account, without which no pod is admitted.
+    def default_account() -> bool:
+        accounts = core.list_namespaced_service_account(namespace).items
+        return any(a.metadata.name == "default" for a in accounts)
+
+    eventually(default_account, timeout=120, what="the namespace's default service account")
     trainer = core.create_namespaced_pod(namespace, worker_pod("trainer-0", node))
     agent = AgentProcess(
         kubeconfig=devcluster.kubeconfig,
