@@ -1,18 +1,27 @@
-"""Node agent benchmark: API requests per minute at idle, counted on the wire.
+"""Node agent benchmark: API requests per agent at idle, as the API server counts them.
 
-The agent reaches a devcluster (started here) through a counting proxy on loopback: the agent's
-kubeconfig names ``http://127.0.0.1:PORT``, and the proxy forwards each request to the API
-server over TLS with the admin certificate, streaming answers as they come (a watch stays open
-through it). Each request is counted by verb (``watch`` for a watch) and resource path. The
-agent runs for one node holding a worker and a sidecar, with no cloud (``--provider none``) and
-no notice: only what it asks of the API server to follow its pods.
+A devcluster is started here with ``--agents`` kwok nodes, each holding a worker and a sidecar,
+and one agent per node (``--provider none``, ``--gpu off``: no cloud, no notice; the default
+Kubernetes-side signals, so the node's taints are followed). Two counts are taken over the same
+idle ``--seconds``:
 
-``--checkout DIR`` runs the agent from another checkout (its ``nodeagent`` package first on the
+- the API server's own ``apiserver_request_total`` (from its ``/metrics``), by verb, for the
+  resources an agent uses (nodes, pods, events; not their ``status`` subresources, which kwok
+  writes), less what the cluster did on its own over ``--baseline-seconds`` with the nodes and
+  pods in place and no agent (kube-controller-manager, kube-scheduler and kwok; scaled to the
+  same time), per agent. A watch is counted when it ends.
+- the requests on the wire: the agents reach the API server through a counting proxy on
+  loopback (their kubeconfig names ``http://127.0.0.1:PORT``; the proxy forwards each request
+  over TLS with the admin certificate, streaming answers as they come so a watch stays open),
+  counted by verb (``watch`` for a watch) and resource path.
+
+``--checkout DIR`` runs the agents from another checkout (its ``nodeagent`` package first on the
 path), to compare with an earlier version:
 
     git archive <commit> | tar -x -C /tmp/shoal-before
-    .venv/bin/python bench/agent_api_requests.py --seconds 180 --checkout /tmp/shoal-before
-    .venv/bin/python bench/agent_api_requests.py --seconds 180
+    .venv/bin/python bench/agent_api_requests.py --agents 50 --seconds 600 \
+        --checkout /tmp/shoal-before
+    .venv/bin/python bench/agent_api_requests.py --agents 50 --seconds 600
 """
 
 from __future__ import annotations
@@ -20,11 +29,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import re
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -114,52 +126,156 @@ def proxied_kubeconfig(kubeconfig: str, port: int, path: Path) -> str:
     return str(path)
 
 
+#: The resources an agent reads and writes (``apiserver_request_total``'s ``resource`` label).
+AGENT_RESOURCES = ("nodes", "pods", "events")
+_SAMPLE = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def server_counts(kubeconfig: str) -> collections.Counter[str]:
+    """``apiserver_request_total`` by verb, for :data:`AGENT_RESOURCES` (no subresource but
+    eviction), read from the API server's ``/metrics``."""
+    upstream = from_kubeconfig(kubeconfig)
+    with urllib.request.urlopen(  # noqa: S310 (the devcluster's own https URL)
+        upstream.server.rstrip("/") + "/metrics", context=upstream.context, timeout=30
+    ) as answer:
+        text = answer.read().decode()
+    counts: collections.Counter[str] = collections.Counter()
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        labels = dict(_LABEL.findall(match["labels"]))
+        if labels.get("resource") not in AGENT_RESOURCES:
+            continue
+        if labels.get("subresource", "") not in ("", "eviction"):
+            continue
+        counts[labels["verb"]] += round(float(match["value"]))
+    return counts
+
+
+def wire_kind(what: str) -> str:
+    """``GET /api/v1/namespaces/ns/pods/x`` as ``GET pods``."""
+    verb, _, path = what.partition(" ")
+    parts = [p for p in path.split("/") if p]
+    kinds = [p for p in parts if p in AGENT_RESOURCES or p in ("eviction",)]
+    return f"{verb} {kinds[-1] if kinds else path}"
+
+
+def start_agents(agents: list[AgentProcess]) -> None:
+    """Start them a few at a time (each waits until its /readyz answers)."""
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda a: a.start(), agents))
+
+
 def measure(
-    kubeconfig: str, core: Any, *, seconds: float, checkout: str | None, work: Path
+    kubeconfig: str,
+    core: Any,
+    *,
+    agents: int,
+    seconds: float,
+    baseline: float,
+    settle: float,
+    checkout: str | None,
+    work: Path,
 ) -> None:
     work.mkdir(parents=True, exist_ok=True)
-    spec = nodes.NodeSpec(count=1, gpus=8, prefix=f"bench-api-{uuid.uuid4().hex[:6]}")
-    (node,) = nodes.create(kubeconfig, spec)
+    spec = nodes.NodeSpec(count=agents, gpus=8, prefix=f"bench-api-{uuid.uuid4().hex[:6]}")
+    names = nodes.create(kubeconfig, spec)
     namespace = f"bench-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": namespace}})
-    for name, worker in (("trainer-0", True), ("metrics-sidecar", False)):
-        core.create_namespaced_pod(namespace, worker_pod(name, node, worker=worker))
+    pods: list[str] = []
+    for i, node in enumerate(names):
+        for name, worker in ((f"trainer-{i}", True), (f"metrics-sidecar-{i}", False)):
+            pod = worker_pod(name, node, worker=worker)
+            core.create_namespaced_pod(namespace, pod)
+            pods.append(name)
     proxy = CountingProxy(kubeconfig).start()
-    agent = AgentProcess(
-        kubeconfig=proxied_kubeconfig(kubeconfig, proxy.port, work / "proxied.kubeconfig"),
-        node=node,
-        provider="none",
-        metadata_url="http://127.0.0.1:9",
-        workdir=work,
-        # -P: the working folder is not put first on the path, so PYTHONPATH decides which
-        # checkout's agent runs.
-        env={"PYTHONPATH": checkout or str(Path(__file__).resolve().parents[1])},
-        python=[sys.executable, "-P"],
-    )
-    agent.start()
+    proxied = proxied_kubeconfig(kubeconfig, proxy.port, work / "proxied.kubeconfig")
+    running = [
+        AgentProcess(
+            kubeconfig=proxied,
+            node=node,
+            provider="none",
+            metadata_url="http://127.0.0.1:9",
+            workdir=work / node,
+            extra=["--gpu", "off"],
+            # -P: the working folder is not put first on the path, so PYTHONPATH decides which
+            # checkout's agent runs.
+            env={"PYTHONPATH": checkout or str(Path(__file__).resolve().parents[1])},
+            python=[sys.executable, "-P"],
+        )
+        for node in names
+    ]
+    for agent in running:
+        agent.workdir.mkdir(parents=True, exist_ok=True)
     try:
-        time.sleep(5)  # past the start (restore, first list, first watch)
-        before, started = proxy.snapshot(), time.monotonic()
+        time.sleep(settle)  # the nodes and pods in place, no agent: the cluster's own share
+        base_before, started = server_counts(kubeconfig), time.monotonic()
+        time.sleep(baseline)
+        base = server_counts(kubeconfig) - base_before
+        base_took = time.monotonic() - started
+
+        start_agents(running)
+        time.sleep(settle)  # past the start (restore, first lists, first watches)
+        wire_before, server_before = proxy.snapshot(), server_counts(kubeconfig)
+        started = time.monotonic()
         time.sleep(seconds)
-        after, took = proxy.snapshot(), time.monotonic() - started
+        wire, server = proxy.snapshot() - wire_before, server_counts(kubeconfig) - server_before
+        took = time.monotonic() - started
     finally:
-        agent.stop()
-        for name in ("trainer-0", "metrics-sidecar"):
+        for agent in running:
+            agent.stop()
+        for name in pods:
             release(core, namespace, name)
         core.delete_namespace(namespace)
-        core.delete_node(node)
-    counted = after - before
-    total = sum(counted.values())
-    print(f"agent from {checkout or 'this checkout'}, idle for {took:.0f} s:")
-    for what, n in sorted(counted.items()):
-        print(f"  {what}: {n} ({n * 60 / took:.1f}/min)")
-    print(f"  all requests: {total} ({total * 60 / took:.1f}/min)")
+        for node in names:
+            core.delete_node(node)
+    report(agents, checkout, took=took, base_took=base_took, server=server, base=base, wire=wire)
+
+
+def report(
+    agents: int,
+    checkout: str | None,
+    *,
+    took: float,
+    base_took: float,
+    server: collections.Counter[str],
+    base: collections.Counter[str],
+    wire: collections.Counter[str],
+) -> None:
+    print(f"{agents} agents from {checkout or 'this checkout'}, idle for {took:.0f} s")
+    print("apiserver_request_total, nodes/pods/events, per agent (less the cluster's own):")
+    total = 0.0
+    for verb in sorted(set(server) | set(base)):
+        own = base[verb] * took / base_took
+        rate = max(0.0, server[verb] - own) / took / agents
+        total += rate
+        print(
+            f"  {verb:7} {rate:.4f}/s  (all agents {server[verb]}, the cluster alone about "
+            f"{own:.0f})"
+        )
+    print(f"  all     {total:.4f}/s per agent")
+    print("on the wire, per agent:")
+    by_kind: collections.Counter[str] = collections.Counter()
+    for what, n in wire.items():
+        by_kind[wire_kind(what)] += n
+    for what, n in sorted(by_kind.items()):
+        print(f"  {what:14} {n / took / agents:.4f}/s")
+    print(f"  all            {sum(by_kind.values()) / took / agents:.4f}/s per agent")
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seconds", type=float, default=180.0)
-    p.add_argument("--checkout", help="run the agent from this checkout (default: this one)")
+    p.add_argument("--agents", type=int, default=50)
+    p.add_argument("--seconds", type=float, default=600.0)
+    p.add_argument(
+        "--baseline-seconds",
+        type=float,
+        help="seconds of the cluster on its own, before the agents start (default: --seconds)",
+    )
+    p.add_argument("--settle", type=float, default=20.0, help="seconds before each count")
+    p.add_argument("--checkout", help="run the agents from this checkout (default: this one)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="shoal-bench-api-") as tmp:
         work = Path(tmp)
@@ -169,9 +285,12 @@ def main() -> int:
             measure(
                 str(handle.kubeconfig),
                 client.CoreV1Api(api),
+                agents=args.agents,
                 seconds=args.seconds,
+                baseline=args.baseline_seconds or args.seconds,
+                settle=args.settle,
                 checkout=args.checkout,
-                work=work / "agent",
+                work=work / "agents",
             )
         finally:
             api.close()

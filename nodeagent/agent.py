@@ -40,10 +40,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from nodeagent.board import NoticeBoard
-from nodeagent.calls import ApiCalls, ClusterPort, PodFeed
+from nodeagent.calls import ApiCalls, ClusterPort, Feed
 from nodeagent.channels import Channels
 from nodeagent.drain import DrainWatch
+from nodeagent.events import Pod
 from nodeagent.executor import Executor
+from nodeagent.follow import WatchSettings
 from nodeagent.gpu.monitor import GpuMonitor, GpuOptions
 from nodeagent.guard import Guard
 from nodeagent.intake import Intake
@@ -68,10 +70,8 @@ class AgentSettings:
     #: Pod list refresh when idle, and while a notice is live (without a pod feed).
     pods_every: float = 5.0
     pods_every_under_notice: float = 1.0
-    #: With a pod feed: each watch lasts this long (seconds, ended by the server), and the pods
-    #: are listed again once this long has passed since the last list (a safety net).
-    watch_timeout: int = 60
-    relist_every: float = 60.0
+    #: With a pod feed: how the pods are watched (nodeagent/follow.py).
+    watch: WatchSettings = field(default_factory=WatchSettings)
     #: After a failed action, retry this much later.
     retry_after: float = 1.0
     #: Each API call (an action may make a few requests) gives up after this long, and at most
@@ -103,7 +103,7 @@ class Agent:
         pod_cache: PodCache | None = None,
         webhook: Webhook | None = None,
         gpu: GpuOptions | None = None,
-        pod_feed: PodFeed | None = None,
+        pod_feed: Feed[Pod] | None = None,
     ) -> None:
         s = settings or AgentSettings()
         woken = asyncio.Event()
@@ -129,8 +129,7 @@ class Agent:
             every_under_notice=s.pods_every_under_notice,
             retry_after=s.retry_after,
             feed=pod_feed,
-            relist_every=s.relist_every,
-            watch_timeout=s.watch_timeout,
+            watch=s.watch,
             reclaims=self.intake.reclaims,
         )
         self.board = NoticeBoard(

@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from nodeagent.events import Notice, Pod, Tracked
 
@@ -43,26 +43,32 @@ class WatchExpired(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class PodChange:
-    """One change a pod watch saw: ``pod`` added or changed, or ``gone`` (deleted, or finished:
-    a pod list leaves out pods that succeeded or failed); ``pod`` is None for a bookmark. Each
-    carries the watch's ``version`` to resume from."""
+class Change(Generic[T]):
+    """One change a watch saw: ``item`` added or changed, or ``gone`` (deleted; for a pod also
+    finished, since a pod list leaves out pods that succeeded or failed); ``item`` is None for a
+    bookmark. Each carries the watch's ``version`` to resume from."""
 
-    pod: Pod | None
+    item: T | None
     gone: bool
     version: str
 
 
-class PodFeed(Protocol):
-    """This node's pods, listed then watched (see :class:`nodeagent.k8s.Cluster`); blocking."""
+#: A change to one of this node's pods (for annotations: a slotted generic alias cannot be called).
+PodChange = Change[Pod]
 
-    def list_pods_at(self) -> tuple[list[Pod], str]:
-        """The pods and the version of the list (to watch from)."""
 
-    def watch_pods(self, version: str, timeout: int) -> Iterator[PodChange]:
+class Feed(Protocol[T]):
+    """Objects of one kind, listed then watched through a field selector (this node's pods, the
+    Node itself, the Events of a reason; see :mod:`nodeagent.k8s.cluster`); blocking."""
+
+    def list_at(self) -> tuple[list[T], str]:
+        """The objects and the version of the list (to watch from)."""
+
+    def watch(self, version: str, timeout: int) -> Iterator[Change[T]]:
         """Each change after ``version`` until the server ends the watch (after ``timeout``
-        seconds) or :meth:`stop_watch`; raises :class:`WatchExpired` when ``version`` is too
-        old, another exception when the API server cannot be reached or the watch breaks."""
+        seconds) or :meth:`stop_watch`, after an empty change (no item, no version) once the
+        server has answered; raises :class:`WatchExpired` when ``version`` is too old, another
+        exception when the API server cannot be reached or the watch breaks."""
 
     def stop_watch(self) -> None:
         """End the watch under way, from another thread."""

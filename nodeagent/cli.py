@@ -20,13 +20,17 @@ from common.values import parse_bool
 from contracts.names import REVOKING_TAINT
 from nodeagent import health, podresources
 from nodeagent.agent import Agent, AgentSettings
-from nodeagent.events import PodKey, PodUid
 from nodeagent.gpu.monitor import GpuOptions
 from nodeagent.gpu.xid import XidPolicy
 from nodeagent.notify.server import DEFAULT_SOCKET, SocketLimits, serve
 from nodeagent.podcache import FILENAME, PodCache
 from nodeagent.providers import Provider, select
-from nodeagent.providers.kube import DEFAULT_TAINTS, KubePodProvider, KubeTaintProvider
+from nodeagent.providers.kube import (
+    DEFAULT_TAINTS,
+    KubeEventProvider,
+    KubePodProvider,
+    KubeTaintProvider,
+)
 from nodeagent.store import Settings
 from nodeagent.webhook import Webhook
 
@@ -430,21 +434,20 @@ def providers(args: argparse.Namespace, cluster: Cluster, cloud: Provider) -> li
     if args.kube_taints:
         found.append(
             KubeTaintProvider(
-                read_taints=cluster.node_taints,
+                feed=cluster.node_feed(),
                 keys=args.kube_taints,
                 lead=timedelta(seconds=args.kube_taint_lead),
             )
         )
-    if args.kube_pod_conditions or args.kube_event_reasons:
-        conditions, reasons = args.kube_pod_conditions, args.kube_event_reasons
-
-        def signals() -> list[tuple[PodKey, PodUid, str]]:
-            seen = cluster.pod_signals(conditions, reasons)
-            return [(s.key, s.uid, s.what) for s in seen]
-
+    if args.kube_event_reasons:
         found.append(
-            KubePodProvider(read_signals=signals, lead=timedelta(seconds=args.kube_pod_lead))
+            KubeEventProvider(
+                feeds=[cluster.event_feed(r) for r in sorted(args.kube_event_reasons)],
+                lead=timedelta(seconds=args.kube_pod_lead),
+            )
         )
+    if args.kube_pod_conditions:
+        found.append(KubePodProvider(lead=timedelta(seconds=args.kube_pod_lead)))
     return found
 
 
@@ -483,16 +486,24 @@ def build_agent(args: argparse.Namespace, cluster: Cluster, cloud: Provider) -> 
     pod_cache = None
     if args.state_dir:
         pod_cache = PodCache(Path(args.state_dir) / FILENAME, args.node_name)
-    return Agent(
+    found = providers(args, cluster, cloud)
+    agent = Agent(
         cluster,
-        providers(args, cluster, cloud),
+        found,
         node_name=args.node_name,
         settings=agent_settings(args),
         pod_cache=pod_cache,
         webhook=Webhook(args.webhook_url) if args.webhook_url else None,
         gpu=gpu_options(args),
-        pod_feed=cluster,
+        pod_feed=cluster.pod_feed(args.kube_pod_conditions),
     )
+    # The pod signals are read from the pods the agent follows.
+    for provider in found:
+        if isinstance(provider, KubeEventProvider):
+            provider.pod_of = agent.store.pod
+        elif isinstance(provider, KubePodProvider):
+            provider.pods = agent.store.pods
+    return agent
 
 
 async def _until_signalled() -> None:

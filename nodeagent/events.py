@@ -90,6 +90,8 @@ class Pod:
     gang the scheduler takes the pod back for, its ``leave_by`` then being the scheduler's.
     ``checkpoint_seconds`` is how long the pod says its checkpoint takes
     (``shoal.dev/checkpoint-seconds``; None when it does not say, or says it wrongly).
+    ``warning`` describes a pod condition the agent was told announces the pod's removal
+    (``--kube-pod-conditions``), when the pod carries one.
     """
 
     key: PodKey
@@ -100,6 +102,21 @@ class Pod:
     leaving: bool = False
     reclaimed_for: str | None = None
     checkpoint_seconds: float | None = None
+    warning: str | None = None
+
+
+#: (key, value) of each taint on this node.
+NodeTaints = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PodEvent:
+    """A Kubernetes Event about a pod (``uid`` is the Event's own, ``pod`` the pod's)."""
+
+    uid: str
+    pod: PodUid
+    reason: str
+    message: str
 
 
 # --- Actions: what the store says is due; adapters carry them out and report back. ---------

@@ -12,14 +12,12 @@ Whether the state is restored (:attr:`PodList.restored`)::
 Until restored nothing is written, since a write could repeat or undo what the last agent did;
 the restore is retried every ``retry_after`` until the API server answers.
 
-Then, with a pod feed (:class:`~nodeagent.calls.PodFeed`, the API server's watch), the pods are
-followed as client-go's informers do: watch from the list's version, each change applied as it
-comes (a scheduler's reclaim reaches the workers within a second of being written); when a watch
-ends, watch again from the newest version, after listing again once ``relist_every`` has passed
-(a slow safety net); on ``410 Gone`` list again; any other failure is logged and retried after a
-backoff capped at ``max_backoff``, the watch resuming where it broke, so nothing is lost. Without
-a feed the list is refreshed every ``every`` seconds (``every_under_notice`` while a disruptive
-notice is live).
+Then, with a pod feed (:class:`~nodeagent.calls.Feed`, the API server's watch with the field
+selector ``spec.nodeName``), the pods are followed as client-go's informers do
+(:class:`~nodeagent.follow.Follower`: watch from the list's version, each change applied as it
+comes, so a scheduler's reclaim reaches the workers within a second of being written; list again
+on ``410 Gone``; resume where a broken watch broke). Without a feed the list is refreshed every
+``every`` seconds (``every_under_notice`` while a disruptive notice is live).
 
 Callers wanting a list at the same time (a worker naming a pod not listed yet) share one request;
 while a watch follows the pods, such a list only adds the pods it did not know, since it may be
@@ -32,17 +30,15 @@ pods (:func:`nodeagent.store.reclaim_notice`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
 
 import structlog
 
-from nodeagent.calls import ApiCalls, ClusterPort, PodChange, PodFeed, WatchExpired
+from nodeagent.calls import ApiCalls, ClusterPort, Feed, PodChange
 from nodeagent.events import Notice, Pod, PodUid
+from nodeagent.follow import Follower, WatchSettings
 from nodeagent.podcache import PodCache
 from nodeagent.store import Store, reclaim_notice
 
@@ -68,10 +64,8 @@ class PodList:
         every: float = 5.0,
         every_under_notice: float = 1.0,
         retry_after: float = 1.0,
-        feed: PodFeed | None = None,
-        relist_every: float = 60.0,
-        watch_timeout: int = 60,
-        max_backoff: float = 10.0,
+        feed: Feed[Pod] | None = None,
+        watch: WatchSettings | None = None,
         reclaims: Callable[[Sequence[Notice]], None] = _ignore,
     ) -> None:
         self._store = store
@@ -84,26 +78,34 @@ class PodList:
         self._every_under_notice = every_under_notice
         self._retry_after = retry_after
         self._feed = feed
-        self._relist_every = relist_every
-        self._watch_timeout = watch_timeout
-        self._max_backoff = max_backoff
         self._reclaims = reclaims
         #: "none", "disk" (the pod file, before the API server answered a list) or "api".
         self.origin = "none"
         self.restored = False
         #: When a pod list was last asked for (monotonic).
         self.tried_at = 0.0
-        #: A watch follows the pods now.
-        self.watching = False
+        self._follower = (
+            None
+            if feed is None
+            else Follower(
+                "pod",
+                feed,
+                relist=lambda: self._list(whole=True),
+                changed=self._changed,
+                settings=watch,
+            )
+        )
         self._listing: asyncio.Task[None] | None = None
         self._view: dict[PodUid, Pod] = {}
         #: Pods the watch saw go since the last whole list (a caller's list may be older).
         self._gone: set[PodUid] = set()
-        self._version = ""
-        self._listed_at = 0.0
         self._saving: asyncio.Task[None] | None = None
         self._unsaved = False
-        self._stopping = False
+
+    @property
+    def watching(self) -> bool:
+        """A watch follows the pods now."""
+        return self._follower is not None and self._follower.watching
 
     def load_file(self) -> None:
         """The pods the last agent kept, so workers are answered before the API server is."""
@@ -131,10 +133,11 @@ class PodList:
         if self._feed is None:
             pods, version = await self._calls.read(self._cluster.list_pods), ""
         else:
-            pods, version = await self._calls.read(self._feed.list_pods_at)
+            pods, version = await self._calls.read(self._feed.list_at)
         if whole or not self.watching:
             self._view = {p.uid: p for p in pods}
-            self._version, self._listed_at = version, time.monotonic()
+            if self._follower is not None:
+                self._follower.listed(version)
             self._gone.clear()
         else:
             added = [p for p in pods if p.uid not in self._view and p.uid not in self._gone]
@@ -185,8 +188,8 @@ class PodList:
             if await self._turn():
                 break
             await asyncio.sleep(self._retry_after)
-        if self._feed is not None:
-            await self._follow(self._feed)
+        if self._follower is not None:
+            await self._follower.run()
         while True:
             live = any(t.notice.disruptive for t in self._store.active())
             await asyncio.sleep(self._every_under_notice if live else self._every)
@@ -203,43 +206,9 @@ class PodList:
             return not restoring
         return True
 
-    # --- the watch -------------------------------------------------------------------------------
-
-    async def _follow(self, feed: PodFeed) -> None:
-        """List, then watch; never returns."""
-        backoff = self._retry_after
-        relist = False
-        while True:
-            try:
-                if relist or time.monotonic() - self._listed_at >= self._relist_every:
-                    await self._list(whole=True)
-                    relist = False
-                self.watching = True
-                await self._watch(feed)
-                backoff = self._retry_after
-            except WatchExpired as exc:
-                log.info("pod_watch_expired_relisting", version=self._version, detail=str(exc))
-                relist = True
-            except Exception as exc:
-                log.warning("pod_watch_failed", error=str(exc) or type(exc).__name__)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self._max_backoff)
-            finally:
-                self.watching = False
-
-    async def _watch(self, feed: PodFeed) -> None:
-        """One watch from the newest version, until it ends; each change applied as it comes."""
-        watch = _WatchThread(asyncio.get_running_loop(), self._changed, lambda: self._stopping)
-        try:
-            await watch.run(feed, self._version, self._watch_timeout)
-        except asyncio.CancelledError:
-            feed.stop_watch()
-            raise
-
     def _changed(self, change: PodChange) -> None:
-        if change.version:
-            self._version = change.version
-        pod = change.pod
+        """One change the watch saw (never a bookmark)."""
+        pod = change.item
         if pod is None:
             return
         if change.gone:
@@ -254,57 +223,9 @@ class PodList:
 
     async def stop(self) -> None:
         """Cancel a list under way, end the watch."""
-        self._stopping = True
-        if self._feed is not None:
-            self._feed.stop_watch()
+        if self._follower is not None:
+            self._follower.stop()
         for task in (self._listing, self._saving):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-
-
-class _WatchThread:
-    """One watch, read on a daemon thread of its own (a blocked read never holds up the exit);
-    its changes, then its end, are handed to the event loop in order."""
-
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        changed: Callable[[PodChange], None],
-        stopping: Callable[[], bool],
-    ) -> None:
-        self._loop = loop
-        self._changed = changed
-        self._stopping = stopping
-        self._ended: asyncio.Future[None] = loop.create_future()
-
-    async def run(self, feed: PodFeed, version: str, seconds: int) -> None:
-        thread = threading.Thread(
-            target=self._follow, args=(feed, version, seconds), name="nodeagent-pod-watch"
-        )
-        thread.daemon = True
-        thread.start()
-        await self._ended
-
-    def _hand(self, call: Callable[[Any], None], arg: Any) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop closed: the agent stopped
-            self._loop.call_soon_threadsafe(call, arg)
-
-    def _end(self, error: BaseException | None) -> None:
-        if self._ended.done():
-            return
-        if error is None:
-            self._ended.set_result(None)
-        else:
-            self._ended.set_exception(error)
-
-    def _follow(self, feed: PodFeed, version: str, timeout: int) -> None:
-        try:
-            for change in feed.watch_pods(version, timeout):
-                if self._stopping():
-                    break
-                self._hand(self._changed, change)
-        except Exception as exc:
-            self._hand(self._end, exc)
-        else:
-            self._hand(self._end, None)

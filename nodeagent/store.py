@@ -388,6 +388,10 @@ class Store:
         state = self._pods.get(uid)
         return state.pod if state is not None else None
 
+    def pods(self) -> tuple[Pod, ...]:
+        """The pods bound to this node, as last set."""
+        return tuple(state.pod for state in self._pods.values())
+
     @staticmethod
     def _node_key(active: tuple[Tracked, ...]) -> tuple[tuple[EventId, datetime, bool], ...]:
         return tuple((t.notice.event_id, t.notice.deadline, t.upstream_acked) for t in active)

@@ -8,23 +8,27 @@ than everything the agent does with it.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import structlog
 from urllib3.exceptions import HTTPError
 
 from common.kubeevents import EventSource, event_body
 from contracts import names
-from nodeagent.calls import PodChange, WatchExpired
+from nodeagent.calls import Change, PodChange, WatchExpired
 from nodeagent.events import (
     EventId,
     Kind,
+    NodeTaints,
     Notice,
     Pod,
+    PodEvent,
     PodKey,
     PodUid,
     Tracked,
@@ -38,6 +42,8 @@ log = structlog.get_logger("nodeagent.k8s")
 COMPONENT = "shoal-nodeagent"
 _TERMINAL = ("Succeeded", "Failed")
 _MERGE = "application/merge-patch+json"
+T = TypeVar("T")
+
 #: Seconds a watch may stay silent beyond its server-side timeout before the client gives up.
 WATCH_MARGIN = 30
 
@@ -137,13 +143,6 @@ class ConditionRule:
         return cls(kind.strip(), status.strip(), reason.strip() or None)
 
 
-@dataclass(frozen=True, slots=True)
-class PodSignal:
-    key: PodKey
-    uid: PodUid
-    what: str
-
-
 def matching_condition(condition: dict[str, Any], rules: frozenset[ConditionRule]) -> str | None:
     """A description of ``condition`` when one of ``rules`` matches it."""
     for rule in rules:
@@ -156,7 +155,7 @@ def matching_condition(condition: dict[str, Any], rules: frozenset[ConditionRule
     return None
 
 
-def _pod(raw: dict[str, Any]) -> Pod:
+def _pod(raw: dict[str, Any], conditions: frozenset[ConditionRule] = frozenset()) -> Pod:
     meta = raw.get("metadata") or {}
     labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
@@ -188,28 +187,137 @@ def _pod(raw: dict[str, Any]) -> Pod:
         leaving=meta.get("deletionTimestamp") is not None,
         reclaimed_for=annotations.get(names.RECLAIMED_FOR_ANNOTATION) or None,
         checkpoint_seconds=checkpoint_seconds,
+        warning=_warning(raw, conditions) if conditions else None,
     )
+
+
+def _warning(raw: dict[str, Any], rules: frozenset[ConditionRule]) -> str | None:
+    for condition in (raw.get("status") or {}).get("conditions") or []:
+        what = matching_condition(condition, rules)
+        if what is not None:
+            return what
+    return None
 
 
 def _finished(raw: dict[str, Any]) -> bool:
     return ((raw.get("status") or {}).get("phase") or "") in _TERMINAL
 
 
-def pod_change(event: dict[str, Any]) -> PodChange | None:
-    """One line of a pod watch as a change; None for an event of no other type. Raises
-    :class:`WatchExpired` on a 410 ``ERROR`` event, :class:`ApiError` on another."""
+def _never(_raw: dict[str, Any]) -> bool:
+    return False
+
+
+def watch_change(
+    event: dict[str, Any],
+    parse: Callable[[dict[str, Any]], T],
+    finished: Callable[[dict[str, Any]], bool] = _never,
+) -> Change[T] | None:
+    """One line of a watch as a change (an object that is ``finished`` is gone); None for an
+    event of no other type. Raises :class:`WatchExpired` on a 410 ``ERROR`` event,
+    :class:`ApiError` on another."""
     kind = event.get("type")
     obj = event.get("object") or {}
     if kind == "ERROR":
         if obj.get("code") == 410:
             raise WatchExpired(str(obj.get("message") or "410 Gone"))
-        raise ApiError(f"watch pods: {str(obj.get('message') or obj)[:300]}")
+        raise ApiError(f"watch: {str(obj.get('message') or obj)[:300]}")
     version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
     if kind == "BOOKMARK":
-        return PodChange(None, gone=False, version=version)
+        return Change(None, gone=False, version=version)
     if kind not in ("ADDED", "MODIFIED", "DELETED"):
         return None
-    return PodChange(_pod(obj), gone=kind == "DELETED" or _finished(obj), version=version)
+    return Change(parse(obj), gone=kind == "DELETED" or finished(obj), version=version)
+
+
+def pod_change(event: dict[str, Any]) -> PodChange | None:
+    """One line of a pod watch as a change (see :func:`watch_change`)."""
+    return watch_change(event, _pod, _finished)
+
+
+def node_taints(raw: dict[str, Any]) -> NodeTaints:
+    """(key, value) of each taint on a Node object."""
+    taints = (raw.get("spec") or {}).get("taints") or []
+    return tuple((str(t.get("key", "")), str(t.get("value") or "")) for t in taints)
+
+
+def pod_event(raw: dict[str, Any]) -> PodEvent:
+    """An Event object about a pod, as the pod-Event signal needs it."""
+    involved = raw.get("involvedObject") or {}
+    return PodEvent(
+        uid=str((raw.get("metadata") or {}).get("uid")),
+        pod=PodUid(str(involved.get("uid"))),
+        reason=str(raw.get("reason") or ""),
+        message=str(raw.get("message") or "")[:200],
+    )
+
+
+@dataclass(slots=True)
+class ListWatch(Generic[T]):
+    """The objects at ``path`` under the field selector ``selector``, listed then watched (a
+    :class:`nodeagent.calls.Feed`): this node's pods, the Node itself, the Events of a reason.
+    ``finished`` objects are left out of a list and gone from a watch."""
+
+    cluster: Cluster
+    what: str
+    path: str
+    selector: str
+    parse: Callable[[dict[str, Any]], T]
+    finished: Callable[[dict[str, Any]], bool] = _never
+    #: The watch under way, if one is.
+    _stream: Stream | None = field(default=None, init=False)
+
+    def list_at(self) -> tuple[list[T], str]:
+        """The objects that have not finished, and the list's resourceVersion."""
+        answer = self.cluster.request(
+            f"list {self.what}", "GET", self.path, query={"fieldSelector": self.selector}
+        )
+        version = str((answer.get("metadata") or {}).get("resourceVersion") or "")
+        items = answer.get("items") or []
+        return [self.parse(o) for o in items if not self.finished(o)], version
+
+    def watch(self, version: str, timeout: int) -> Iterator[Change[T]]:
+        """Each change after ``version`` (see :class:`nodeagent.calls.Feed`). The server ends
+        the watch after ``timeout`` seconds; a read that waits :data:`WATCH_MARGIN` seconds
+        longer (a silent, half-open connection) raises."""
+        query = {
+            "fieldSelector": self.selector,
+            "watch": "true",
+            "resourceVersion": version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout),
+        }
+        what = f"watch {self.what}"
+        try:
+            stream = self.cluster.transport.stream(self.path, query, timeout + WATCH_MARGIN)
+        except (HTTPError, OSError) as exc:
+            raise ApiError(f"{what}: API server unreachable: {exc}") from exc
+        self._stream = stream
+        try:
+            yield from self._changes(stream)
+        except (HTTPError, OSError) as exc:
+            raise ApiError(f"{what}: the watch broke: {exc}") from exc
+        finally:
+            self._stream = None
+            stream.close()
+
+    def _changes(self, stream: Stream) -> Iterator[Change[T]]:
+        if stream.status >= 400:
+            detail = stream.body().decode("utf-8", "replace")[:300]
+            if stream.status == 410:
+                raise WatchExpired(detail or "410 Gone")
+            raise ApiStatus(f"watch {self.what}: HTTP {stream.status}: {detail}", stream.status, "")
+        with self.cluster.watch_open():
+            yield Change(None, gone=False, version="")  # answered: the watch is open
+            for line in stream.lines():
+                change = watch_change(json.loads(line), self.parse, self.finished)
+                self.cluster.last_ok = time.monotonic()
+                if change is not None:
+                    yield change
+
+    def stop_watch(self) -> None:
+        stream = self._stream
+        if stream is not None:
+            stream.close()
 
 
 @dataclass(slots=True)
@@ -220,9 +328,9 @@ class Cluster:
     node_name: str
     dry_run: bool = False
     _last_ok: float = field(default=0.0, init=False)
-    #: The pod watch under way, if one is, and whether the API server answered it.
-    _watching: Stream | None = field(default=None, init=False)
-    _watch_open: bool = field(default=False, init=False)
+    #: How many watches the API server is answering now.
+    _watches_open: int = field(default=0, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     @classmethod
     def connect(cls, kubeconfig: str | None, node_name: str, *, dry_run: bool) -> Cluster:
@@ -239,19 +347,53 @@ class Cluster:
 
     @property
     def last_ok(self) -> float:
-        """Monotonic time of the last successful API call (for /readyz). While the pod watch is
-        open the API server counts as answering now: a quiet watch sends nothing for minutes,
-        and a silent connection ends after the watch's timeout plus :data:`WATCH_MARGIN`."""
-        return time.monotonic() if self._watch_open else self._last_ok
+        """Monotonic time of the last successful API call (for /readyz). While a watch is open
+        the API server counts as answering now: a quiet watch sends nothing for minutes, and a
+        silent connection ends after the watch's timeout plus :data:`WATCH_MARGIN`."""
+        return time.monotonic() if self._watches_open else self._last_ok
 
     @last_ok.setter
     def last_ok(self, value: float) -> None:
         self._last_ok = value
 
+    @contextlib.contextmanager
+    def watch_open(self) -> Iterator[None]:
+        """A watch the API server answered, open for the ``with`` block."""
+        self.last_ok = time.monotonic()
+        with self._lock:
+            self._watches_open += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._watches_open -= 1
+
+    def pod_feed(self, conditions: frozenset[ConditionRule] = frozenset()) -> ListWatch[Pod]:
+        """This node's pods that have not finished; each with its ``warning`` when it carries
+        one of ``conditions``."""
+        selector = f"spec.nodeName={self.node_name}"
+
+        def parse(raw: dict[str, Any]) -> Pod:
+            return _pod(raw, conditions)
+
+        return ListWatch(self, "pods", "/api/v1/pods", selector, parse, _finished)
+
+    def node_feed(self) -> ListWatch[NodeTaints]:
+        """This node's taints (the Node named by its field selector)."""
+        selector = f"metadata.name={self.node_name}"
+        return ListWatch(self, "node", "/api/v1/nodes", selector, node_taints)
+
+    def event_feed(self, reason: str) -> ListWatch[PodEvent]:
+        """The Events of ``reason`` about pods, in every namespace (an Event's field selectors
+        cannot name a node: :class:`nodeagent.providers.kube.KubeEventProvider` keeps those
+        about this node's pods)."""
+        selector = f"involvedObject.kind=Pod,reason={reason}"
+        return ListWatch(self, f"events {reason}", "/api/v1/events", selector, pod_event)
+
     def close(self) -> None:
         self.transport.close()
 
-    def _request(
+    def request(
         self,
         what: str,
         method: str,
@@ -287,7 +429,7 @@ class Cluster:
 
     def read_revocation(self) -> list[Tracked]:
         """What the node annotation says the agent was doing (empty when nothing or unreadable)."""
-        node = self._request("read node", "GET", self._node_path)
+        node = self.request("read node", "GET", self._node_path)
         text = (node["metadata"].get("annotations") or {}).get(names.REVOCATION_ANNOTATION)
         if not text:
             return []
@@ -297,114 +439,16 @@ class Cluster:
             log.warning("revocation_annotation_unreadable", node=self.node_name, error=str(exc))
             return []
 
-    def node_taints(self) -> list[tuple[str, str]]:
-        """(key, value) of each taint on the node."""
-        node = self._request("read node", "GET", self._node_path)
-        taints = (node.get("spec") or {}).get("taints") or []
-        return [(str(t.get("key", "")), str(t.get("value") or "")) for t in taints]
-
     def list_pods(self) -> list[Pod]:
-        return self.list_pods_at()[0]
-
-    def list_pods_at(self) -> tuple[list[Pod], str]:
-        """This node's pods that have not finished, and the list's resourceVersion."""
-        pods = self._request(
-            "list pods",
-            "GET",
-            "/api/v1/pods",
-            query={"fieldSelector": f"spec.nodeName={self.node_name}"},
-        )
-        version = str((pods.get("metadata") or {}).get("resourceVersion") or "")
-        return [_pod(p) for p in pods.get("items") or [] if not _finished(p)], version
-
-    def watch_pods(self, version: str, timeout: int) -> Iterator[PodChange]:
-        """This node's pods changing after ``version`` (see :class:`nodeagent.calls.PodFeed`).
-        The server ends the watch after ``timeout`` seconds; a read that waits
-        :data:`WATCH_MARGIN` seconds longer (a silent, half-open connection) raises."""
-        query = {
-            "fieldSelector": f"spec.nodeName={self.node_name}",
-            "watch": "true",
-            "resourceVersion": version,
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(timeout),
-        }
-        try:
-            stream = self.transport.stream("/api/v1/pods", query, timeout + WATCH_MARGIN)
-        except (HTTPError, OSError) as exc:
-            raise ApiError(f"watch pods: API server unreachable: {exc}") from exc
-        self._watching = stream
-        try:
-            yield from self._changes(stream)
-        except (HTTPError, OSError) as exc:
-            raise ApiError(f"watch pods: the watch broke: {exc}") from exc
-        finally:
-            self._watching = None
-            stream.close()
-
-    def _changes(self, stream: Stream) -> Iterator[PodChange]:
-        if stream.status >= 400:
-            detail = stream.body().decode("utf-8", "replace")[:300]
-            if stream.status == 410:
-                raise WatchExpired(detail or "410 Gone")
-            raise ApiStatus(f"watch pods: HTTP {stream.status}: {detail}", stream.status, "")
-        self.last_ok = time.monotonic()
-        self._watch_open = True
-        try:
-            for line in stream.lines():
-                change = pod_change(json.loads(line))
-                self.last_ok = time.monotonic()
-                if change is not None:
-                    yield change
-        finally:
-            self._watch_open = False
-
-    def stop_watch(self) -> None:
-        stream = self._watching
-        if stream is not None:
-            stream.close()
-
-    def pod_signals(
-        self, conditions: frozenset[ConditionRule], reasons: frozenset[str]
-    ) -> list[PodSignal]:
-        """Pods on this node that carry a configured condition, or are the subject of an Event
-        with a configured reason (platforms that warn the pod rather than the VM)."""
-        pods = self._request(
-            "list pods",
-            "GET",
-            "/api/v1/pods",
-            query={"fieldSelector": f"spec.nodeName={self.node_name}"},
-        )
-        here: dict[str, PodKey] = {}
-        signals: list[PodSignal] = []
-        for raw in pods.get("items") or []:
-            meta = raw.get("metadata") or {}
-            key = PodKey(f"{meta.get('namespace')}/{meta.get('name')}")
-            uid = str(meta.get("uid"))
-            here[uid] = key
-            for condition in (raw.get("status") or {}).get("conditions") or []:
-                what = matching_condition(condition, conditions)
-                if what is not None:
-                    signals.append(PodSignal(key, PodUid(uid), what))
-        for reason in sorted(reasons):
-            events = self._request(
-                "list events",
-                "GET",
-                "/api/v1/events",
-                query={"fieldSelector": f"involvedObject.kind=Pod,reason={reason}"},
-            )
-            for event in events.get("items") or []:
-                uid = str((event.get("involvedObject") or {}).get("uid"))
-                if uid in here:
-                    message = str(event.get("message") or "")[:200]
-                    signals.append(PodSignal(here[uid], PodUid(uid), f"event {reason}: {message}"))
-        return signals
+        """This node's pods that have not finished."""
+        return self.pod_feed().list_at()[0]
 
     # --- writes --------------------------------------------------------------------------------
 
     def sync_node(self, tracked: Sequence[Tracked]) -> None:
         """Taint and annotate the node for ``tracked`` (or clear both when it is empty)."""
         for _attempt in range(5):
-            node = self._request("read node", "GET", self._node_path)
+            node = self.request("read node", "GET", self._node_path)
             meta, spec = node["metadata"], node.get("spec") or {}
             present = spec.get("taints") or []
             taints = [t for t in present if t.get("key") != names.REVOKING_TAINT]
@@ -428,9 +472,7 @@ class Cluster:
                 "spec": {"taints": taints},
             }
             try:
-                self._request(
-                    "patch node", "PATCH", self._node_path, body=body, content_type=_MERGE
-                )
+                self.request("patch node", "PATCH", self._node_path, body=body, content_type=_MERGE)
             except ApiStatus as exc:
                 if exc.status == 409:
                     continue
@@ -459,7 +501,7 @@ class Cluster:
     def write_topology(self, text: str) -> None:
         """The ``shoal.dev/gpu-topology`` annotation (see :mod:`contracts.gputopology`)."""
         body = {"metadata": {"annotations": {names.GPU_TOPOLOGY_ANNOTATION: text}}}
-        self._request("patch node", "PATCH", self._node_path, body=body, content_type=_MERGE)
+        self.request("patch node", "PATCH", self._node_path, body=body, content_type=_MERGE)
         log.info("gpu_topology_published", node=self.node_name, dry_run=self.dry_run)
 
     def _node_ref(self, uid: str) -> dict[str, Any]:
@@ -529,7 +571,7 @@ class Cluster:
 
     def _patch_pod(self, name: str, namespace: str, body: dict[str, Any]) -> bool:
         try:
-            self._request(
+            self.request(
                 "patch pod",
                 "PATCH",
                 f"/api/v1/namespaces/{namespace}/pods/{name}",
@@ -557,7 +599,7 @@ class Cluster:
             "deleteOptions": delete_options,
         }
         try:
-            self._request(
+            self.request(
                 "evict pod",
                 "POST",
                 f"/api/v1/namespaces/{namespace}/pods/{name}/eviction",
@@ -582,7 +624,7 @@ class Cluster:
             "preconditions": {"uid": pod.uid},
         }
         try:
-            self._request(
+            self.request(
                 "delete pod", "DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body=body
             )
         except ApiStatus as exc:
@@ -598,7 +640,7 @@ class Cluster:
         by = EventSource(COMPONENT, self.node_name, host=self.node_name)
         body = event_body(involved, kind, reason, message, by=by, now=time.time())
         try:
-            self._request(
+            self.request(
                 "create event", "POST", f"/api/v1/namespaces/{namespace}/events", body=body
             )
         except ApiError as exc:

@@ -16,6 +16,7 @@ import binascii
 import contextlib
 import json
 import os
+import socket
 import ssl
 import tempfile
 import threading
@@ -28,8 +29,23 @@ from urllib.parse import urlencode
 
 import urllib3
 import yaml
+from urllib3.connection import HTTPConnection
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+def _keepalive() -> list[tuple[int, int, int]]:
+    """TCP keepalive: a watch is quiet for minutes, and a peer that vanished (a partition, a
+    control-plane machine lost) is noticed after about a minute instead of at the watch's read
+    timeout. Where the kernel has no such options, only SO_KEEPALIVE."""
+    options = [*HTTPConnection.default_socket_options, (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, name):
+            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    return options
+
+
+_KEEPALIVE = _keepalive()
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +136,12 @@ class DirectTransport:
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def __post_init__(self) -> None:
-        kwargs: dict[str, Any] = {"maxsize": 4, "retries": False}
+        # Up to three watches stay open (pods, the node, Events) beside the reads and writes.
+        kwargs: dict[str, Any] = {
+            "maxsize": 8,
+            "retries": False,
+            "socket_options": _KEEPALIVE,
+        }
         if self.context is not None:
             kwargs["ssl_context"] = self.context
         self._pool = urllib3.PoolManager(**kwargs)

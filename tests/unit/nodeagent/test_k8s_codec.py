@@ -145,15 +145,15 @@ def test_a_watched_pod_reads_as_the_store_needs_it() -> None:
     assert change is not None
     assert change.version == "77"
     assert not change.gone
-    assert change.pod is not None
-    assert (change.pod.key, change.pod.reclaimed_for) == ("ml/w-1", "ml/big")
-    assert change.pod.leave_by == T0.replace(minute=2)
+    assert change.item is not None
+    assert (change.item.key, change.item.reclaimed_for) == ("ml/w-1", "ml/big")
+    assert change.item.leave_by == T0.replace(minute=2)
     # Deleted, or finished (a list leaves those out): gone.
     for gone in (watched("DELETED"), watched("MODIFIED", phase="Succeeded")):
         assert getattr(pod_change(gone), "gone", None) is True
     bookmark = pod_change(watched("BOOKMARK"))
     assert bookmark is not None
-    assert (bookmark.pod, bookmark.version) == (None, "77")
+    assert (bookmark.item, bookmark.version) == (None, "77")
 
 
 def test_a_watch_error_event_is_raised_410_as_too_old() -> None:

@@ -1,42 +1,30 @@
 """The pods room follows the node's pods through a feed: list, then watch from the list's
 version; a watch that ends or breaks resumes from its newest version, a ``410 Gone`` lists again;
 each change reaches the store at once, and the scheduler's reclaims on the pods reach the intake.
-The feed here is a scripted stand-in for the port (:class:`nodeagent.calls.PodFeed`)."""
+The feed here is a scripted stand-in for the port (:class:`nodeagent.calls.Feed`)."""
 
 from __future__ import annotations
 
 import asyncio
-import queue
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from nodeagent.calls import ApiCalls, PodChange, WatchExpired
+from nodeagent.calls import ApiCalls, Change, WatchExpired
 from nodeagent.events import Notice, Pod, PodKey, PodUid, Tracked
+from nodeagent.follow import WatchSettings
 from nodeagent.pods import PodList
 from nodeagent.store import Store
+from tests.unit.nodeagent.scripted_feed import Scripted, until
 
 LEAVE_BY = datetime(2026, 11, 30, 10, 2, tzinfo=UTC)
 W0 = Pod(PodKey("ns/w0"), PodUid("u0"))
 W1 = Pod(PodKey("ns/w1"), PodUid("u1"))
 W1_RECLAIMED = Pod(PodKey("ns/w1"), PodUid("u1"), leave_by=LEAVE_BY, reclaimed_for="ml/big")
 
-#: What a scripted watch does next: hand a change, end (the server's timeout), or raise.
-Step = PodChange | str | Exception
 
+class ScriptedFeed(Scripted[Pod]):
+    """The scripted pod feed, and the reads a restore makes."""
 
-class ScriptedFeed:
-    """Lists answer ``listed``; each watch plays steps from ``steps`` until one ends it."""
-
-    def __init__(self, listed: list[Pod], version: str = "10") -> None:
-        self.listed = listed
-        self.version = version
-        self.lists = 0
-        self.watched_from: list[str] = []
-        self.steps: queue.Queue[Step] = queue.Queue()
-        self._stopped = threading.Event()
-
-    # ClusterPort, for the restore.
     last_ok = 0.0
     dry_run = False
 
@@ -44,27 +32,7 @@ class ScriptedFeed:
         return []
 
     def list_pods(self) -> list[Pod]:
-        return self.list_pods_at()[0]
-
-    def list_pods_at(self) -> tuple[list[Pod], str]:
-        self.lists += 1
-        return list(self.listed), self.version
-
-    def watch_pods(self, version: str, timeout: int) -> Iterator[PodChange]:
-        self.watched_from.append(version)
-        while not self._stopped.is_set():
-            try:
-                step = self.steps.get(timeout=0.05)
-            except queue.Empty:
-                continue
-            if isinstance(step, Exception):
-                raise step
-            if isinstance(step, str):
-                return
-            yield step
-
-    def stop_watch(self) -> None:
-        self._stopped.set()
+        return self.list_at()[0]
 
 
 class Reclaims:
@@ -86,20 +54,12 @@ async def following(
         wake=lambda: None,
         feed=feed,
         retry_after=0.05,
-        max_backoff=0.1,
+        watch=WatchSettings(retry_after=0.05, max_backoff=0.1),
         reclaims=reclaims,
     )
     task = asyncio.create_task(pods.run())
     await until(lambda: pods.watching)
     return pods, task
-
-
-async def until(probe: Callable[[], object]) -> None:
-    for _ in range(1000):
-        if probe():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("not reached within 10 s")
 
 
 async def stop(pods: PodList, task: asyncio.Task[None]) -> None:
@@ -113,9 +73,9 @@ async def test_changes_reach_the_store_and_a_reclaim_the_intake_as_they_come() -
     pods, task = await following(feed, store, reclaims)
     try:
         assert feed.watched_from == ["10"]
-        feed.steps.put(PodChange(W1, gone=False, version="11"))
+        feed.steps.put(Change(W1, gone=False, version="11"))
         await until(lambda: store.pod(W1.uid) is not None)
-        feed.steps.put(PodChange(W1_RECLAIMED, gone=False, version="12"))
+        feed.steps.put(Change(W1_RECLAIMED, gone=False, version="12"))
         await until(lambda: bool(reclaims.seen[-1]))
         [reclaim] = reclaims.seen[-1]
         assert (reclaim.source, reclaim.deadline, reclaim.scope) == (
@@ -124,9 +84,9 @@ async def test_changes_reach_the_store_and_a_reclaim_the_intake_as_they_come() -
             frozenset({W1.key}),
         )
         # The scheduler withdraws it: the reclaim is gone from the next complete set.
-        feed.steps.put(PodChange(W1, gone=False, version="13"))
+        feed.steps.put(Change(W1, gone=False, version="13"))
         await until(lambda: reclaims.seen[-1] == [])
-        feed.steps.put(PodChange(W0, gone=True, version="14"))
+        feed.steps.put(Change(W0, gone=True, version="14"))
         await until(lambda: store.pod(W0.uid) is None)
         assert feed.lists == 1  # one list, then only the watch
     finally:
@@ -137,10 +97,10 @@ async def test_an_ended_or_broken_watch_resumes_from_its_newest_version() -> Non
     feed, store, reclaims = ScriptedFeed([W0]), Store(), Reclaims()
     pods, task = await following(feed, store, reclaims)
     try:
-        feed.steps.put(PodChange(None, gone=False, version="20"))  # a bookmark
+        feed.steps.put(Change(None, gone=False, version="20"))  # a bookmark
         feed.steps.put("end")
         await until(lambda: len(feed.watched_from) == 2)
-        feed.steps.put(PodChange(W1, gone=False, version="21"))
+        feed.steps.put(Change(W1, gone=False, version="21"))
         feed.steps.put(ConnectionResetError("the watch broke"))
         await until(lambda: len(feed.watched_from) == 3)
         assert feed.watched_from == ["10", "20", "21"]
@@ -168,7 +128,7 @@ async def test_a_list_for_a_caller_while_watching_only_adds_pods_not_known() -> 
     feed, store, reclaims = ScriptedFeed([W0]), Store(), Reclaims()
     pods, task = await following(feed, store, reclaims)
     try:
-        feed.steps.put(PodChange(W0, gone=True, version="11"))
+        feed.steps.put(Change(W0, gone=True, version="11"))
         await until(lambda: store.pod(W0.uid) is None)
         # An older list (it still shows w0) must not bring w0 back; a new pod is taken.
         feed.listed = [W0, W1]
