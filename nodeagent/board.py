@@ -63,7 +63,8 @@ class NoticeBoard:
         # pods cannot make the agent list pods more than once a second, nor wait long for it.
         if pod is None and time.monotonic() - self._pods.tried_at > RELIST_EVERY:
             try:
-                await asyncio.wait_for(self._pods.refresh(), self._identify_timeout)
+                async with asyncio.timeout(self._identify_timeout):
+                    await self._pods.refresh()
             except Exception as exc:
                 log.info("pods_unlisted_for_caller", pod=key, error=str(exc) or type(exc).__name__)
             pod = self._store.pod(uid)

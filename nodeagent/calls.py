@@ -93,7 +93,8 @@ class ApiCalls:
         self, pool: ThreadPoolExecutor, call: Callable[..., T], args: Sequence[Any]
     ) -> T:
         loop = asyncio.get_running_loop()
-        return await asyncio.wait_for(loop.run_in_executor(pool, call, *args), self.timeout)
+        async with asyncio.timeout(self.timeout):
+            return await loop.run_in_executor(pool, call, *args)
 
     def close(self) -> None:
         """Take no more calls. Threads blocked on an unreachable API server end on the

@@ -74,8 +74,11 @@ class Reconciler:
             self.heartbeat = time.monotonic()
             self.reconcile()
             self.turns += 1
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation
+            # that arrives as the event is set, and the agent then never stops.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._woken.wait(), self._wait())
+                async with asyncio.timeout(self._wait()):
+                    await self._woken.wait()
             self._woken.clear()
 
     def _wait(self) -> float:

@@ -218,7 +218,8 @@ async def _serve(settings: CliSettings, program: _Program) -> None:
     try:
         while not done.is_set():
             try:
-                await asyncio.wait_for(done.wait(), timeout=5)
+                async with asyncio.timeout(5):
+                    await done.wait()
             except TimeoutError:
                 ok, text = healthy()
                 if not ok:

@@ -128,7 +128,8 @@ async def _events(request: web.Request) -> web.StreamResponse:
     try:
         while True:
             try:
-                body = await asyncio.wait_for(queue.get(), timeout=KEEPALIVE_SECONDS)
+                async with asyncio.timeout(KEEPALIVE_SECONDS):
+                    body = await queue.get()
             except TimeoutError:
                 await response.write(b": keepalive\n\n")
                 continue

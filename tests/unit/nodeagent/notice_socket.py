@@ -4,11 +4,10 @@ of its own, so that a test (and hypothesis) can call it with the ordinary blocki
 The API server side is in memory and records every eviction and deletion: what a user would
 notice of a wrong ack is their pod evicted before its deadline.
 
-Every SocketAgent of a test process runs on one event loop that is never closed. grpc.aio
-delivers completions through whichever bound loop wakes first, and hands a completion that
-belongs to a closed loop to that loop's ``call_soon_threadsafe``, which raises and leaves the
-rest of the queue undelivered until the next completion: with a fresh loop per test, stopping a
-server could wait for its shutdown completion forever (seen once in CI, as a teardown timeout).
+Every SocketAgent of a test process runs on one event loop that is never closed, so no gRPC
+completion can be left for a loop that is gone. (A teardown timeout once seen in CI turned out to
+be the agent itself: its reconcile loop swallowed the cancellation when it arrived as the loop was
+woken, see ``test_the_agent_stops_when_told_to_as_its_reconcile_loop_is_woken``.)
 """
 
 from __future__ import annotations

@@ -192,3 +192,16 @@ async def test_workers_are_told_and_heard_through_an_outage_and_a_restart(node: 
     await until(lambda: ("evict acknowledged", "train/worker-1") in cluster.writes, "eviction")
     assert ("sync", "1") in cluster.writes
     assert agent.reports.ready()[1]["pods_from"] == "api"
+
+
+async def test_the_agent_stops_when_told_to_as_its_reconcile_loop_is_woken() -> None:
+    """On Python 3.11, ``asyncio.wait_for`` returns the result instead of raising when the
+    cancellation arrives as the awaited event is set: the reconcile loop then went round again
+    and ``Agent.stop`` (the agent's answer to SIGTERM) waited for it forever."""
+    agent = Agent(HangingCluster(), [], node_name=NODE)
+    agent.start()
+    await until(lambda: agent.reconciler.turns > 0, "the reconcile loop turned")
+    agent.reconciler.wake()  # a notice, an ack or a write's result, as SIGTERM arrives
+    async with asyncio.timeout(5):
+        await agent.stop()
+    assert agent.guard.dead() == ["pods", "reconcile"]
