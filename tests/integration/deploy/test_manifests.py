@@ -237,6 +237,9 @@ ALLOWED = [
     (AGENT_SA, "watch", "pods", "", "", None),
     (AGENT_SA, "create", "events", "", "", None),
     (AGENT_SA, "list", "events", "", "", None),
+    # Its own Node is watched by field selector; RBAC cannot say "own node" for reads.
+    (AGENT_SA, "watch", "nodes", "", "", None),
+    (AGENT_SA, "watch", "events", "", "", None),
 ]
 DENIED = [
     (account, verb, resource, sub, group, ns)
@@ -254,7 +257,8 @@ DENIED = [
     (SCHEDULER_SA, "update", "leases", "", "coordination.k8s.io", "kube-system"),
     (AGENT_SA, "create", "pods", "binding", "", None),
     (AGENT_SA, "update", "leases", "", "coordination.k8s.io", NAMESPACE),
-    (AGENT_SA, "list", "nodes", "", "", None),
+    (AGENT_SA, "update", "nodes", "", "", None),
+    (AGENT_SA, "delete", "events", "", "", None),
 ]
 
 
