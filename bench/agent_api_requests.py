@@ -15,12 +15,6 @@ idle ``--seconds``:
   over TLS with the admin certificate, streaming answers as they come so a watch stays open),
   counted by verb (``watch`` for a watch) and resource path.
 
-With ``--notice-seconds S``, a third count follows the idle one: every node is then tainted
-``karpenter.sh/disrupted:NoSchedule`` (one of the agent's default taint signals, so each agent
-holds a notice with the default 120 s lead: it annotates its node and pods, writes Events, and
-evicts the worker at the deadline) and the requests are counted over the next ``S`` seconds,
-less the bench's own taint patches and the cluster's own share, per agent.
-
 ``--checkout DIR`` runs the agents from another checkout (its ``nodeagent`` package first on the
 path), to compare with an earlier version:
 
@@ -184,7 +178,6 @@ def measure(
     settle: float,
     checkout: str | None,
     work: Path,
-    notice_seconds: float = 0.0,
 ) -> None:
     work.mkdir(parents=True, exist_ok=True)
     spec = nodes.NodeSpec(count=agents, gpus=8, prefix=f"bench-api-{uuid.uuid4().hex[:6]}")
@@ -230,8 +223,6 @@ def measure(
         time.sleep(seconds)
         wire, server = proxy.snapshot() - wire_before, server_counts(kubeconfig) - server_before
         took = time.monotonic() - started
-        if notice_seconds > 0:
-            noticed = under_notice(kubeconfig, core, proxy, names, notice_seconds)
     finally:
         for agent in running:
             agent.stop()
@@ -241,46 +232,6 @@ def measure(
         for node in names:
             core.delete_node(node)
     report(agents, checkout, took=took, base_took=base_took, server=server, base=base, wire=wire)
-    if notice_seconds > 0:
-        n_took, n_server, n_wire = noticed
-        # The bench's own taint patches are PATCHes of nodes: not the agents'.
-        n_server["PATCH"] = max(0, n_server["PATCH"] - len(names))
-        print()
-        print(f"under a notice (every node tainted {NOTICE_TAINT}), {n_took:.0f} s:")
-        report(
-            agents,
-            checkout,
-            took=n_took,
-            base_took=base_took,
-            server=n_server,
-            base=base,
-            wire=n_wire,
-            per_notice=True,
-        )
-
-
-#: A taint the agent follows by default (``--kube-taints``), that no controller here acts on.
-NOTICE_TAINT = "karpenter.sh/disrupted"
-
-
-def under_notice(
-    kubeconfig: str, core: Any, proxy: CountingProxy, names: list[str], seconds: float
-) -> tuple[float, collections.Counter[str], collections.Counter[str]]:
-    """Taint every node at once, then count the requests over ``seconds``."""
-    wire_before, server_before = proxy.snapshot(), server_counts(kubeconfig)
-    started = time.monotonic()
-    for node in names:
-        taints = core.read_node(node).spec.taints or []
-        body = [{"key": t.key, "value": t.value, "effect": t.effect} for t in taints if t.key] + [
-            {"key": NOTICE_TAINT, "effect": "NoSchedule"}
-        ]
-        core.patch_node(node, {"spec": {"taints": body}})
-    time.sleep(max(0.0, seconds - (time.monotonic() - started)))
-    took = time.monotonic() - started
-    # The bench's own node reads (one GET per node) are not the agents' either.
-    server = server_counts(kubeconfig) - server_before
-    server["GET"] = max(0, server["GET"] - len(names))
-    return took, server, proxy.snapshot() - wire_before
 
 
 def report(
@@ -292,10 +243,8 @@ def report(
     server: collections.Counter[str],
     base: collections.Counter[str],
     wire: collections.Counter[str],
-    per_notice: bool = False,
 ) -> None:
-    if not per_notice:
-        print(f"{agents} agents from {checkout or 'this checkout'}, idle for {took:.0f} s")
+    print(f"{agents} agents from {checkout or 'this checkout'}, idle for {took:.0f} s")
     print("apiserver_request_total, nodes/pods/events, per agent (less the cluster's own):")
     total = 0.0
     for verb in sorted(set(server) | set(base)):
@@ -306,21 +255,14 @@ def report(
             f"  {verb:7} {rate:.4f}/s  (all agents {server[verb]}, the cluster alone about "
             f"{own:.0f})"
         )
-    print(
-        f"  all     {total:.4f}/s per agent"
-        + (f", {total * took:.1f} in all" if per_notice else "")
-    )
+    print(f"  all     {total:.4f}/s per agent")
     print("on the wire, per agent:")
     by_kind: collections.Counter[str] = collections.Counter()
     for what, n in wire.items():
         by_kind[wire_kind(what)] += n
     for what, n in sorted(by_kind.items()):
         print(f"  {what:14} {n / took / agents:.4f}/s")
-    wired = sum(by_kind.values()) / agents
-    print(
-        f"  all            {wired / took:.4f}/s per agent"
-        + (f", {wired:.1f} in all" if per_notice else "")
-    )
+    print(f"  all            {sum(by_kind.values()) / took / agents:.4f}/s per agent")
 
 
 def main() -> int:
@@ -334,12 +276,6 @@ def main() -> int:
     )
     p.add_argument("--settle", type=float, default=20.0, help="seconds before each count")
     p.add_argument("--checkout", help="run the agents from this checkout (default: this one)")
-    p.add_argument(
-        "--notice-seconds",
-        type=float,
-        default=0.0,
-        help="then taint every node and count this long under the notice (0: no notice)",
-    )
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="shoal-bench-api-") as tmp:
         work = Path(tmp)
@@ -355,7 +291,6 @@ def main() -> int:
                 settle=args.settle,
                 checkout=args.checkout,
                 work=work / "agents",
-                notice_seconds=args.notice_seconds,
             )
         finally:
             api.close()
