@@ -145,37 +145,15 @@ def simulated_main(args: argparse.Namespace) -> int:
     rows = summary_rows(demo)
     console.print(summary_table(rows))
     timeline = write_timeline(demo, options.out / "timeline.png")
-    (options.out / "summary.json").write_text(
-        json.dumps(
-            {
-                "jobs": rows,
-                "web_view": demo.web_url,
-                "views": demo.views,
-                "failures": demo.failures,
-                "events": demo.events,
-                "cloud": args.cloud,
-                "compression": args.compression,
-                "nodes": args.nodes,
-            },
-            indent=2,
-        )
-        + "\n"
+    return finish(
+        console,
+        demo,
+        options.out,
+        {"jobs": rows, "nodes": args.nodes},
+        args,
+        files={"timeline": timeline, "summary": options.out / "summary.json"},
+        held="no partial gang, no lost step, every worker checkpointed before it left",
     )
-    console.print(
-        f"timeline: {timeline}\nsummary:  {options.out / 'summary.json'}\n"
-        f"views:    {options.out / 'views'} (kubectl shoal gangs)\n"
-        f"logs:     {options.out / 'logs'}"
-    )
-    if demo.failures:
-        console.print(f"[red]{len(demo.failures)} expectation(s) failed:[/red]")
-        for failure in demo.failures:
-            console.print(f"  - {failure}")
-        return 1
-    console.print(
-        "[green]every expectation held: no partial gang, no lost step, every worker "
-        "checkpointed before it left[/green]"
-    )
-    return 0
 
 
 def torch_main(args: argparse.Namespace) -> int:
@@ -215,11 +193,40 @@ def torch_main(args: argparse.Namespace) -> int:
     summary = demo.summary()
     console.print(changes_table(summary))
     timeline = write_torch_timeline(demo, options.out / "timeline.png")
-    (options.out / "summary.json").write_text(
+    return finish(
+        console,
+        demo,
+        options.out,
+        {"workers": "torch", **summary},
+        args,
+        files={
+            "timeline": timeline,
+            "summary": options.out / "summary.json",
+            "records": demo.records_path,
+        },
+        held="every rank stopped at one step at every change, each resumed run started "
+        "right after a complete checkpoint, no step lost",
+        pod_logs=True,
+    )
+
+
+def finish(
+    console: Console,
+    demo: Any,
+    out: Path,
+    figures: dict[str, Any],
+    args: argparse.Namespace,
+    *,
+    files: dict[str, Path],
+    held: str,
+    pod_logs: bool = False,
+) -> int:
+    """The end of either story: ``summary.json``, where the files are, and whether every
+    expectation held (exit 0) or which failed (exit 1)."""
+    (out / "summary.json").write_text(
         json.dumps(
             {
-                "workers": "torch",
-                **summary,
+                **figures,
                 "web_view": demo.web_url,
                 "views": demo.views,
                 "failures": demo.failures,
@@ -231,21 +238,16 @@ def torch_main(args: argparse.Namespace) -> int:
         )
         + "\n"
     )
-    console.print(
-        f"timeline: {timeline}\nsummary:  {options.out / 'summary.json'}\n"
-        f"records:  {demo.records_path}\n"
-        f"views:    {options.out / 'views'} (kubectl shoal gangs)\n"
-        f"logs:     {options.out / 'logs'} (pods: logs/pods)"
-    )
+    lines = [f"{name + ':':9} {path}" for name, path in files.items()]
+    lines.append(f"{'views:':9} {out / 'views'} (kubectl shoal gangs)")
+    lines.append(f"{'logs:':9} {out / 'logs'}" + (" (pods: logs/pods)" if pod_logs else ""))
+    console.print("\n".join(lines))
     if demo.failures:
         console.print(f"[red]{len(demo.failures)} expectation(s) failed:[/red]")
         for failure in demo.failures:
             console.print(f"  - {failure}")
         return 1
-    console.print(
-        "[green]every expectation held: every rank stopped at one step at every change, "
-        "each resumed run started right after a complete checkpoint, no step lost[/green]"
-    )
+    console.print(f"[green]every expectation held: {held}[/green]")
     return 0
 
 
