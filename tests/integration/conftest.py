@@ -5,6 +5,8 @@ The components are started with ``die_with_parent`` so a killed test run leaves 
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import uuid
 from collections.abc import Iterator
@@ -88,3 +90,64 @@ def gpu_nodes(devcluster: Devcluster) -> list[str]:
     """Four kwok GPU nodes (8 GPUs each, two racks, half spot) shared by the session."""
     spec = nodes.NodeSpec(count=4, gpus=8, prefix="itest-gpu", spot_fraction=0.5)
     return nodes.create(devcluster.kubeconfig, spec)
+
+
+@contextlib.contextmanager
+def account_kubeconfig(
+    devcluster: Devcluster,
+    namespace: str,
+    account: str,
+    rules: list[dict[str, Any]],
+    path: Path,
+    *,
+    role: str,
+) -> Iterator[str]:
+    """A ServiceAccount ``account`` bound (through the ClusterRole ``role``) to ``rules`` only,
+    as a token kubeconfig at ``path`` whose context namespace is ``namespace``; the role and
+    binding are deleted afterwards."""
+    core = devcluster.core()
+    rbac = client.RbacAuthorizationV1Api(devcluster.api)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
+    rbac.create_cluster_role({"metadata": {"name": role}, "rules": rules})
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": role},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": role,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+        }
+    )
+    try:
+        request = client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
+        )
+        token = core.create_namespaced_service_account_token(account, namespace, request)
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "dev",
+                    "cluster": {
+                        "server": devcluster.handle.server,
+                        "certificate-authority": str(devcluster.handle.ca_cert),
+                    },
+                }
+            ],
+            "users": [{"name": account, "user": {"token": token.status.token}}],
+            "contexts": [
+                {
+                    "name": account,
+                    "context": {"cluster": "dev", "user": account, "namespace": namespace},
+                }
+            ],
+            "current-context": account,
+        }
+        path.write_text(json.dumps(doc))
+        yield str(path)
+    finally:
+        rbac.delete_cluster_role_binding(role)
+        rbac.delete_cluster_role(role)

@@ -26,7 +26,7 @@ from fakes import nvml as fake_nvml
 from fakes.podresources import FakePodResources
 from nodeagent.client import NoticeRefused, PodIdentity
 from nodeagent.events import parse_rfc3339
-from tests.integration.conftest import Devcluster
+from tests.integration.conftest import Devcluster, account_kubeconfig
 from tests.integration.nodeagent.harness import (
     CLOUDS,
     AgentProcess,
@@ -709,47 +709,15 @@ def least_privilege_kubeconfig(
     devcluster: Devcluster, namespace: str, tmp_path: Path
 ) -> Iterator[str]:
     """A service account bound to AGENT_RULES only, as a token kubeconfig."""
-    core = devcluster.core()
-    rbac = client.RbacAuthorizationV1Api(devcluster.api)
-    role = f"shoal-nodeagent-{namespace}"
-    core.create_namespaced_service_account(namespace, {"metadata": {"name": "nodeagent"}})
-    rbac.create_cluster_role({"metadata": {"name": role}, "rules": AGENT_RULES})
-    rbac.create_cluster_role_binding(
-        {
-            "metadata": {"name": role},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": role,
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": "nodeagent", "namespace": namespace}],
-        }
-    )
-    request = client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
-    )
-    token = core.create_namespaced_service_account_token("nodeagent", namespace, request)
-    doc = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "current-context": "agent",
-        "contexts": [{"name": "agent", "context": {"cluster": "dev", "user": "agent"}}],
-        "clusters": [
-            {
-                "name": "dev",
-                "cluster": {
-                    "server": devcluster.handle.server,
-                    "certificate-authority": str(devcluster.handle.ca_cert),
-                },
-            }
-        ],
-        "users": [{"name": "agent", "user": {"token": token.status.token}}],
-    }
-    path = tmp_path / "agent.kubeconfig"
-    path.write_text(json.dumps(doc))
-    yield str(path)
-    rbac.delete_cluster_role_binding(role)
-    rbac.delete_cluster_role(role)
+    with account_kubeconfig(
+        devcluster,
+        namespace,
+        "nodeagent",
+        AGENT_RULES,
+        tmp_path / "agent.kubeconfig",
+        role=f"shoal-nodeagent-{namespace}",
+    ) as path:
+        yield path
 
 
 def test_the_agent_works_with_a_token_and_only_its_documented_rbac(

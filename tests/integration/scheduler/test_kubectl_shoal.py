@@ -21,7 +21,7 @@ from kubernetes import client
 from contracts import names
 from nodeagent.events import EventId, Kind, Notice, Tracked
 from nodeagent.k8s.cluster import encode_revocation
-from tests.integration.conftest import Devcluster
+from tests.integration.conftest import Devcluster, account_kubeconfig
 from tests.integration.scheduler.conftest import (
     KWOK_TOLERATION,
     ROOT,
@@ -42,54 +42,15 @@ def reader_kubeconfig(devcluster: Devcluster, namespace: str, tmp_path: Path) ->
     """A kubeconfig for a ServiceAccount bound to the shipped viewer role (get/list on pods,
     nodes, events, PodGroups) under a name of its own."""
     assert {v for rule in VIEWER["rules"] for v in rule["verbs"]} == {"get", "list"}
-    core = devcluster.core()
-    rbac = client.RbacAuthorizationV1Api(devcluster.api)
-    role = f"shoal-reader-{uuid.uuid4().hex[:6]}"
-    core.create_namespaced_service_account(namespace, {"metadata": {"name": "reader"}})
-    rbac.create_cluster_role({"metadata": {"name": role}, "rules": VIEWER["rules"]})
-    rbac.create_cluster_role_binding(
-        {
-            "metadata": {"name": role},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": role,
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}],
-        }
-    )
-    request = client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
-    )
-    token = core.create_namespaced_service_account_token("reader", namespace, request).status.token
-    doc = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "dev",
-                "cluster": {
-                    "server": devcluster.handle.server,
-                    "certificate-authority": str(devcluster.handle.ca_cert),
-                },
-            }
-        ],
-        "users": [{"name": "reader", "user": {"token": token}}],
-        "contexts": [
-            {
-                "name": "reader",
-                "context": {"cluster": "dev", "user": "reader", "namespace": namespace},
-            }
-        ],
-        "current-context": "reader",
-    }
-    path = tmp_path / "reader.kubeconfig"
-    path.write_text(yaml.safe_dump(doc))
-    try:
-        yield str(path)
-    finally:
-        rbac.delete_cluster_role_binding(role)
-        rbac.delete_cluster_role(role)
+    with account_kubeconfig(
+        devcluster,
+        namespace,
+        "reader",
+        VIEWER["rules"],
+        tmp_path / "reader.kubeconfig",
+        role=f"shoal-reader-{uuid.uuid4().hex[:6]}",
+    ) as path:
+        yield path
 
 
 @pytest.fixture
