@@ -63,6 +63,18 @@ def default_run_dir() -> Path:
     return Path.home() / ".cache" / "shoal" / "run" / "default"
 
 
+#: Kubernetes' workload scheduling APIs: ``scheduling.k8s.io`` PodGroups, kube-scheduler's own gang
+#: scheduling and topology-aware placement, and Jobs that make their own PodGroups. The integration
+#: tests and the benchmarks run with them on (``feature_gates=WORKLOAD_GATES,
+#: runtime_config=WORKLOAD_RUNTIME_CONFIG``).
+WORKLOAD_GATES = (
+    "GenericWorkload=true",
+    "TopologyAwareWorkloadScheduling=true",
+    "WorkloadWithJob=true",
+)
+WORKLOAD_RUNTIME_CONFIG = ("scheduling.k8s.io/v1beta1=true",)
+
+
 @dataclass(frozen=True, slots=True)
 class Options:
     """How to start a cluster. Client QPS/burst apply to the built-in controllers."""
@@ -71,7 +83,8 @@ class Options:
     die_with_parent: bool = False
     controller_qps: int = 200
     controller_burst: int = 400
-    #: Client rate limits of the stock kube-scheduler (benchmarks set Shoal's to the same).
+    #: Client rate limits of the stock kube-scheduler (benchmarks set Shoal's to the same); a
+    #: negative QPS lifts the limit (client-go then makes no rate limiter).
     scheduler_qps: int = 5000
     scheduler_burst: int = 5000
     ready_timeout: float = 120.0

@@ -42,18 +42,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
 
 
-#: Kubernetes' workload scheduling APIs, on in the shared devcluster so that every test runs
-#: where Shoal meets them (scheduling.k8s.io PodGroups, Jobs that make their own).
-WORKLOADS: dict[str, Any] = {
-    "feature_gates": (
-        "GenericWorkload=true",
-        "TopologyAwareWorkloadScheduling=true",
-        "WorkloadWithJob=true",
-    ),
-    "runtime_config": ("scheduling.k8s.io/v1beta1=true",),
-}
-
-
 @pytest.fixture(scope="session")
 def bin_dir() -> Path:
     return build.build()
@@ -62,7 +50,15 @@ def bin_dir() -> Path:
 @pytest.fixture(scope="session")
 def devcluster(tmp_path_factory: pytest.TempPathFactory, bin_dir: Path) -> Iterator[Devcluster]:
     run_dir = tmp_path_factory.mktemp("devcluster")
-    handle = cluster.up(run_dir, bin_dir, cluster.Options(die_with_parent=True, **WORKLOADS))
+    handle = cluster.up(
+        run_dir,
+        bin_dir,
+        cluster.Options(
+            die_with_parent=True,
+            feature_gates=cluster.WORKLOAD_GATES,
+            runtime_config=cluster.WORKLOAD_RUNTIME_CONFIG,
+        ),
+    )
     api = config.new_client_from_config(config_file=str(handle.kubeconfig))
     try:
         yield Devcluster(handle=handle, api=api)
