@@ -20,7 +20,8 @@ The caller binds what the decision says (after assuming it in the cache) and rep
 
 from __future__ import annotations
 
-from collections.abc import Collection, Generator, Iterable, Mapping, Sequence
+import heapq
+from collections.abc import Collection, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from contracts import names
@@ -38,7 +39,7 @@ from scheduler.model import (
 )
 from scheduler.placement import Request, place
 from scheduler.placement.score import DEFAULT_WEIGHTS, Weights
-from scheduler.queue import GangQueue
+from scheduler.queue import GangQueue, order_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +156,10 @@ def decide(
                 ),
             )
         result = place(
-            _request(gang, pending[:need], config, surplus=False), snapshot.nodes, snapshot.domains
+            _request(gang, pending[:need], config, surplus=False),
+            snapshot.nodes,
+            snapshot.domains,
+            snapshot.origin,
         )
         if isinstance(result, Unschedulable):
             return Decision(gang, unschedulable=result)
@@ -174,7 +178,7 @@ def decide(
             bound.extend(a.node for a in bindings)
             for pod in pending[:room]:
                 request = _request(gang, [pod], config, surplus=True, bound_nodes=bound)
-                one = place(request, snapshot.nodes, snapshot.domains)
+                one = place(request, snapshot.nodes, snapshot.domains, snapshot.origin)
                 if isinstance(one, Unschedulable):
                     surplus_why = surplus_why or one
                     continue
@@ -222,11 +226,31 @@ def _min_fits(
             continue
         pods = list(other.pending)[: other.min_missing]
         found = place(
-            _request(other, pods, config, surplus=False), snapshot.nodes, snapshot.domains
+            _request(other, pods, config, surplus=False),
+            snapshot.nodes,
+            snapshot.domains,
+            snapshot.origin,
         )
         if not isinstance(found, Unschedulable):
             return True
     return False
+
+
+def _turn_key(gang: Gang) -> tuple[bool, bool, int, float, str]:
+    """A gang torn below its minimum (its scheduler died between binds, or a bind failed)
+    first: its bound members hold room until the rest joins them. Then minimums, surplus
+    after (growth never delays someone's quorum); in queue order within each."""
+    missing = gang.min_missing
+    return (not (gang.bound and missing > 0), missing == 0, *order_key(gang))
+
+
+def _in_turn(ready: list[Gang]) -> Iterator[Gang]:
+    """``ready`` in turn order, lazily: a cycle takes a batch of them, not all, so a heap
+    orders what it takes instead of sorting every gang."""
+    heap = [(_turn_key(g), i, g) for i, g in enumerate(ready)]
+    heapq.heapify(heap)
+    while heap:
+        yield heapq.heappop(heap)[2]
 
 
 def _faulted(gang: Gang, nodes: int, exc: Exception) -> Decision:
@@ -286,12 +310,8 @@ def decide_in_turn(
     reserved = reserved or {}
     leaving = leaving or {}
     working = [g for g in gangs if has_work(g)]
-    # A gang torn below its minimum (its scheduler died between binds, or a bind failed) first:
-    # its bound members hold room until the rest joins them. Then minimums (in queue order),
-    # surplus after: growth never delays someone's quorum.
-    ready = sorted(queue.ordered(working, now), key=lambda g: (not torn(g), g.min_missing == 0))
     decided: set[GangKey] = set()
-    for gang in ready:
+    for gang in _in_turn(queue.ready(working, now)):
         view = snapshot.with_reserved(
             r for key, held in reserved.items() if key != gang.key for r in held
         )

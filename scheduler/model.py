@@ -236,24 +236,22 @@ class Gang:
     #: Members bound (or assumed) to a node, and members waiting for one; derived.
     bound: tuple[PodRequest, ...] = field(init=False, compare=False)
     pending: tuple[PodRequest, ...] = field(init=False, compare=False)
+    #: How many more members must be bound for the gang to reach its minimum; derived.
+    min_missing: int = field(init=False, compare=False)
+    #: How many more members may be bound before the gang reaches its maximum; derived.
+    surplus_room: int = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "bound", tuple(p for p in self.members if p.node is not None))
+        # Computed once: every cycle reads these for every gang.
+        bound = tuple(p for p in self.members if p.node is not None)
+        object.__setattr__(self, "bound", bound)
         object.__setattr__(
             self,
             "pending",
             tuple(p for p in self.members if p.node is None and not p.deleting and not p.gated),
         )
-
-    @property
-    def min_missing(self) -> int:
-        """How many more members must be bound for the gang to reach its minimum."""
-        return max(0, self.min_member - len(self.bound))
-
-    @property
-    def surplus_room(self) -> int:
-        """How many more members may be bound before the gang reaches its maximum."""
-        return max(0, self.max_member - len(self.bound))
+        object.__setattr__(self, "min_missing", max(0, self.min_member - len(bound)))
+        object.__setattr__(self, "surplus_room", max(0, self.max_member - len(bound)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,3 +405,14 @@ class NodeState:
     @property
     def name(self) -> NodeName:
         return self.node.name
+
+
+@dataclass(frozen=True, slots=True)
+class NodesOrigin:
+    """Where a snapshot's nodes mapping comes from: ``root``, the nodes of the cache snapshot
+    it was derived from inside a cycle (bindings, room held, pods gone), and ``touched``, the
+    names whose state differs from ``root`` (a name may also have left). The placement search
+    uses it to re-filter only those nodes (:mod:`scheduler.placement.fits`)."""
+
+    root: Mapping[NodeName, NodeState]
+    touched: frozenset[NodeName] = frozenset()

@@ -16,6 +16,7 @@ from scheduler.model import (
     GroupApi,
     Node,
     NodeName,
+    NodesOrigin,
     NodeState,
     PodGroup,
     PodKey,
@@ -38,6 +39,18 @@ class Snapshot:
     members: Mapping[GangKey, tuple[PodRequest, ...]] | None = None
     #: Free capacity per topology domain of ``nodes`` (the keys the cache tracks).
     domains: Domains = EMPTY
+    #: The cache snapshot's nodes this one derives from and the names changed since (``None``:
+    #: this is the cache snapshot, its own root; see :attr:`origin`).
+    derived: NodesOrigin | None = None
+
+    @property
+    def origin(self) -> NodesOrigin:
+        """Where ``nodes`` come from, for the placement search (``place(..., origin=)``)."""
+        return self.derived if self.derived is not None else NodesOrigin(self.nodes)
+
+    def _derive(self, changed: Iterable[NodeName]) -> NodesOrigin:
+        origin = self.origin
+        return NodesOrigin(origin.root, origin.touched.union(changed))
 
     def with_assignments(self, assignments: Iterable[Assignment]) -> Snapshot:
         """The snapshot after binding ``assignments`` (used inside one cycle)."""
@@ -53,7 +66,13 @@ class Snapshot:
                 islands = topology.take(islands, pod.requests.gpu)
             nodes[a.node] = NodeState(state.node, state.requested + pod.requests, islands)
             changes.append((state, nodes[a.node]))
-        return Snapshot(nodes, pods, self.pod_groups, domains=self.domains.moved(changes))
+        return Snapshot(
+            nodes,
+            pods,
+            self.pod_groups,
+            domains=self.domains.moved(changes),
+            derived=self._derive(old.name for old, _ in changes if old is not None),
+        )
 
     def with_reserved(self, reserved: Iterable[tuple[NodeName, Resources]]) -> Snapshot:
         """The snapshot with room held on nodes (for a gang whose victims are leaving)."""
@@ -70,7 +89,13 @@ class Snapshot:
             changes.append((state, nodes[name]))
         if not changes:
             return self
-        return Snapshot(nodes, self.pods, self.pod_groups, domains=self.domains.moved(changes))
+        return Snapshot(
+            nodes,
+            self.pods,
+            self.pod_groups,
+            domains=self.domains.moved(changes),
+            derived=self._derive(old.name for old, _ in changes if old is not None),
+        )
 
     def without(self, keys: Iterable[PodKey]) -> Snapshot:
         """The snapshot as if the pods ``keys`` had left their nodes."""
@@ -95,6 +120,7 @@ class Snapshot:
             {k: p for k, p in self.pods.items() if k not in gone},
             self.pod_groups,
             domains=self.domains.moved(changes),
+            derived=self._derive(old.name for old, _ in changes if old is not None),
         )
 
 

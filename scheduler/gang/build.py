@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from scheduler.gang.sources import GangSource, claim
 from scheduler.gang.sources.common import GangRef, invalid_gang
@@ -51,9 +51,7 @@ class GangBuilder:
 
     def __init__(self, scheduler_name: str) -> None:
         self.scheduler_name = scheduler_name
-        self._memo: dict[
-            GangKey, tuple[Sequence[PodRequest], object, Gang | InvalidGang | None]
-        ] = {}
+        self._memo: dict[GangKey, _Memo] = {}
 
     def build(
         self,
@@ -69,36 +67,31 @@ class GangBuilder:
 
         gangs: list[Gang] = []
         invalid: list[InvalidGang] = []
-        memo: dict[GangKey, tuple[Sequence[PodRequest], object, Gang | InvalidGang | None]] = {}
+        memo: dict[GangKey, _Memo] = {}
+        known = self._memo
         for key, members in grouped.items():
             if not members:
+                continue
+            old = known.get(key)
+            if (
+                old is not None
+                and _same(old.members, members)
+                # The very same pod objects claim the very same gang (``claim`` is a pure
+                # function of the pod): only the PodGroup they name may have changed.
+                and (old.group is None if old.ref is None else pod_groups.get(old.ref) is old.group)
+            ):
+                memo[key] = old
+                _file(old.result, gangs, invalid)
                 continue
             source, found = claim(members[0])
             ref = found.group
             group_obj = pod_groups.get(ref) if ref is not None else None
-            old = self._memo.get(key)
-            if (
-                old is not None
-                and old[1] is group_obj
-                and (
-                    old[0] is members
-                    or (
-                        len(old[0]) == len(members)
-                        and all(a is b for a, b in zip(old[0], members, strict=True))
-                    )
-                )
-            ):
-                result = old[2]
-            else:
-                try:
-                    result = self._one(source, found, members, pod_groups)
-                except Exception as exc:  # one gang's bad input fails only it
-                    result = _unreadable(key, members, ref, exc)
-            memo[key] = (members, group_obj, result)
-            if isinstance(result, Gang):
-                gangs.append(result)
-            elif result is not None:
-                invalid.append(result)
+            try:
+                result = self._one(source, found, members, pod_groups)
+            except Exception as exc:  # one gang's bad input fails only it
+                result = _unreadable(key, members, ref, exc)
+            memo[key] = _Memo(members, ref, group_obj, result)
+            _file(result, gangs, invalid)
         self._memo = memo
         return gangs, invalid
 
@@ -127,6 +120,29 @@ class GangBuilder:
         if succeeded and isinstance(result, Gang):
             result = replace(result, succeeded=succeeded)
         return result
+
+
+@dataclass(frozen=True, slots=True)
+class _Memo:
+    """One gang as last built: from these member objects and the PodGroup object ``ref`` named."""
+
+    members: Sequence[PodRequest]
+    ref: str | None
+    group: PodGroup | None
+    result: Gang | InvalidGang | None
+
+
+def _same(old: Sequence[PodRequest], new: Sequence[PodRequest]) -> bool:
+    return old is new or (
+        len(old) == len(new) and all(a is b for a, b in zip(old, new, strict=True))
+    )
+
+
+def _file(result: Gang | InvalidGang | None, gangs: list[Gang], invalid: list[InvalidGang]) -> None:
+    if isinstance(result, Gang):
+        gangs.append(result)
+    elif result is not None:
+        invalid.append(result)
 
 
 def _unreadable(

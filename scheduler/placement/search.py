@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import zlib
 from collections import Counter, defaultdict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
 from scheduler import topology
@@ -26,6 +26,7 @@ from scheduler.model import (
     Assignment,
     GangKey,
     NodeName,
+    NodesOrigin,
     NodeState,
     Placement,
     PodKey,
@@ -34,6 +35,7 @@ from scheduler.model import (
     Unschedulable,
 )
 from scheduler.placement import filters
+from scheduler.placement.fits import fits_of
 from scheduler.placement.score import DEFAULT_WEIGHTS, Weights, node_score
 from scheduler.topology.domains import Domain, Domains
 
@@ -65,12 +67,17 @@ def _shape(pod: PodRequest) -> tuple[object, ...]:
 
 
 def place(
-    request: Request, nodes: Mapping[NodeName, NodeState], domains: Domains | None = None
+    request: Request,
+    nodes: Mapping[NodeName, NodeState],
+    domains: Domains | None = None,
+    origin: NodesOrigin | None = None,
 ) -> Placement | Unschedulable:
     """Nodes for all of ``request.pods`` on ``nodes``, or why there are none.
 
     ``domains`` are the per-domain free totals of exactly ``nodes`` (a snapshot's); without
-    them, or for a key they do not track, domains are summed here.
+    them, or for a key they do not track, domains are summed here. ``origin`` says which cache
+    snapshot ``nodes`` derive from (a snapshot's ``origin``), so that only the nodes changed
+    since are filtered again; without it every node is.
 
     The steps: find the nodes each pod could run on by itself (:func:`_feasible`); then, with a
     required topology key, try one domain of it at a time (:func:`_in_required_domain`);
@@ -80,7 +87,7 @@ def place(
     pods = sorted(request.pods, key=lambda p: (-p.requests.gpu, -p.requests.cpu_milli, p.name))
     if not pods:
         return Placement(request.gang, ())
-    feasible = _feasible(pods, nodes)
+    feasible = _feasible(pods, nodes, origin)
     if isinstance(feasible, Unschedulable):
         return feasible
     search = _Search(request, pods, nodes, *feasible, domains=domains)
@@ -90,59 +97,27 @@ def place(
 
 
 def _feasible(
-    pods: Sequence[PodRequest], nodes: Mapping[NodeName, NodeState]
-) -> tuple[dict[PodKey, list[NodeName]], frozenset[NodeName]] | Unschedulable:
-    """Per pod, the nodes (in name order) it fits on by itself, filtered once per distinct pod
-    shape, and every node some pod fits on; if some pod fits no node, why not, counted per
-    node by the first filter that refused it."""
-    by_shape: dict[tuple[object, ...], list[NodeName]] = {}
-    feasible: dict[PodKey, list[NodeName]] = {}
+    pods: Sequence[PodRequest],
+    nodes: Mapping[NodeName, NodeState],
+    origin: NodesOrigin | None,
+) -> tuple[dict[PodKey, Set[NodeName]], Set[NodeName]] | Unschedulable:
+    """Per pod, the nodes it fits on by itself, filtered once per distinct pod shape (and, along
+    a cycle's lineage, only where nodes changed: :mod:`scheduler.placement.fits`), and every node
+    some pod fits on; if some pod fits no node, why not, counted per node by the first filter
+    that refused it."""
+    by_shape: dict[tuple[object, ...], Set[NodeName]] = {}
+    feasible: dict[PodKey, Set[NodeName]] = {}
     for pod in pods:
         shape = _shape(pod)
         if shape not in by_shape:
-            fits, reasons = _filter(pod, shape, nodes)
-            if not fits:
-                return Unschedulable(len(nodes), dict(reasons))
-            by_shape[shape] = fits
+            verdicts = fits_of(pod, shape, shape[1:], nodes, origin)
+            if not verdicts.fits:
+                return Unschedulable(len(nodes), dict(Counter(verdicts.refused.values())))
+            by_shape[shape] = verdicts.fits
         feasible[pod.key] = by_shape[shape]
     if len(by_shape) == 1:
-        return feasible, frozenset(next(iter(by_shape.values())))
+        return feasible, next(iter(by_shape.values()))
     return feasible, frozenset(n for fits in by_shape.values() for n in fits)
-
-
-def _filter(
-    pod: PodRequest, shape: tuple[object, ...], nodes: Mapping[NodeName, NodeState]
-) -> tuple[list[NodeName], Counter[str]]:
-    """The nodes ``pod`` fits on by itself, and the reasons the others refuse it. The static
-    filters' verdicts are memoised per node object for every pod of the same ``shape``."""
-    fits: list[NodeName] = []
-    reasons: Counter[str] = Counter()
-    static = filters.static_verdicts(shape[1:])
-    # filters.resources_fit, inlined for the common case (it fits): this loop runs over every
-    # node for every decision.
-    request = pod.requests
-    pods, cpu, memory, gpu = max(request.pods, 1), request.cpu_milli, request.memory, request.gpu
-    for name in sorted(nodes):
-        state = nodes[name]
-        known = static.get(name)
-        if known is not None and known[0] is state.node:
-            reason = known[1]
-        else:
-            reason = filters.first_static_failure(pod, state)
-            static[name] = (state.node, reason)
-        if reason is None:
-            free = state.free
-            if (
-                free.pods >= pods
-                and free.cpu_milli >= cpu
-                and free.memory >= memory
-                and free.gpu >= gpu
-            ):
-                fits.append(name)
-                continue
-            reason = filters.resources_fit(request, free) or filters.TOO_MANY_PODS  # not None
-        reasons[reason] += 1
-    return fits, reasons
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,9 +128,9 @@ class _Search:
     request: Request
     pods: Sequence[PodRequest]
     nodes: Mapping[NodeName, NodeState]
-    feasible: Mapping[PodKey, list[NodeName]]
+    feasible: Mapping[PodKey, Set[NodeName]]
     #: Every node some pod fits on.
-    union: frozenset[NodeName]
+    union: Set[NodeName]
     #: Free capacity per domain of ``nodes``, when the snapshot keeps it.
     domains: Domains | None = None
     #: What the pods ask for together.
@@ -391,7 +366,7 @@ def _greedy(
     request: Request,
     pods: Sequence[PodRequest],
     *,
-    feasible: Mapping[PodKey, list[NodeName]],
+    feasible: Mapping[PodKey, Set[NodeName]],
     candidates: Collection[NodeName],
     nodes: Mapping[NodeName, NodeState],
     together_key: str | None,
@@ -424,7 +399,7 @@ def _assign(
     request: Request,
     pods: Sequence[PodRequest],
     *,
-    feasible: Mapping[PodKey, list[NodeName]],
+    feasible: Mapping[PodKey, Set[NodeName]],
     candidates: Collection[NodeName],
     nodes: Mapping[NodeName, NodeState],
     together_key: str | None,
@@ -438,7 +413,11 @@ def _assign(
                 used.add(nodes[name].node.labels[together_key])
     assignments: list[Assignment] = []
     for pod in pods:
-        candidates_for_pod = [n for n in feasible[pod.key] if n in candidates]
+        fits = feasible[pod.key]
+        if len(candidates) < len(fits):
+            candidates_for_pod = sorted(n for n in candidates if n in fits)
+        else:
+            candidates_for_pod = sorted(n for n in fits if n in candidates)
         best = _best_node(
             request, pod, names=candidates_for_pod, room=room, used=used, together_key=together_key
         )
@@ -470,7 +449,7 @@ def _not_together(search: _Search, key: str | None) -> Unschedulable:
     if not isinstance(stuck, _Stuck):  # cannot happen: the same search just failed
         return Unschedulable(len(nodes), summary=summary)
     reasons: Counter[str] = Counter()
-    fits_alone = set(search.feasible[stuck.pod.key])
+    fits_alone = search.feasible[stuck.pod.key]
     for name, state in nodes.items():
         reason = (
             filters.resources_fit(stuck.pod.requests, stuck.room.on(name)[0])

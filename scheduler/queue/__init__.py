@@ -38,9 +38,14 @@ class GangQueue:
 
     def ordered(self, gangs: Iterable[Gang], now: float) -> list[Gang]:
         """Gangs not backing off at ``now``, first to schedule first."""
-        ready = [g for g in gangs if self.ready_at(g.key) <= now]
+        ready = self.ready(gangs, now)
         ready.sort(key=order_key)
         return ready
+
+    def ready(self, gangs: Iterable[Gang], now: float) -> list[Gang]:
+        """Gangs not backing off at ``now``, in the order given."""
+        backoff = self._backoff
+        return [g for g in gangs if (e := backoff.get(g.key)) is None or e.until <= now]
 
     def ready_at(self, key: GangKey) -> float:
         entry = self._backoff.get(key)
