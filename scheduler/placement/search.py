@@ -35,7 +35,7 @@ from scheduler.model import (
     Unschedulable,
 )
 from scheduler.placement import filters
-from scheduler.placement.fits import fits_of
+from scheduler.placement.fits import Fits, fits_of
 from scheduler.placement.score import DEFAULT_WEIGHTS, Weights, node_score
 from scheduler.topology.domains import Domain, Domains
 
@@ -100,12 +100,12 @@ def _feasible(
     pods: Sequence[PodRequest],
     nodes: Mapping[NodeName, NodeState],
     origin: NodesOrigin | None,
-) -> tuple[dict[PodKey, Set[NodeName]], Set[NodeName]] | Unschedulable:
+) -> tuple[dict[PodKey, Set[NodeName]], Set[NodeName], Set[NodeName] | None] | Unschedulable:
     """Per pod, the nodes it fits on by itself, filtered once per distinct pod shape (and, along
-    a cycle's lineage, only where nodes changed: :mod:`scheduler.placement.fits`), and every node
-    some pod fits on; if some pod fits no node, why not, counted per node by the first filter
-    that refused it."""
-    by_shape: dict[tuple[object, ...], Set[NodeName]] = {}
+    a cycle's lineage, only where nodes changed: :mod:`scheduler.placement.fits`); every node
+    some pod fits on; and, when all pods have one shape, the nodes none fits on. If some pod
+    fits no node, why not, counted per node by the first filter that refused it."""
+    by_shape: dict[tuple[object, ...], Fits] = {}
     feasible: dict[PodKey, Set[NodeName]] = {}
     for pod in pods:
         shape = _shape(pod)
@@ -113,11 +113,12 @@ def _feasible(
             verdicts = fits_of(pod, shape, shape[1:], nodes, origin)
             if not verdicts.fits:
                 return Unschedulable(len(nodes), dict(Counter(verdicts.refused.values())))
-            by_shape[shape] = verdicts.fits
-        feasible[pod.key] = by_shape[shape]
+            by_shape[shape] = verdicts
+        feasible[pod.key] = by_shape[shape].fits
     if len(by_shape) == 1:
-        return feasible, next(iter(by_shape.values()))
-    return feasible, frozenset(n for fits in by_shape.values() for n in fits)
+        only = next(iter(by_shape.values()))
+        return feasible, only.fits, only.refused.keys()
+    return feasible, frozenset(n for v in by_shape.values() for n in v.fits), None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,12 +132,13 @@ class _Search:
     feasible: Mapping[PodKey, Set[NodeName]]
     #: Every node some pod fits on.
     union: Set[NodeName]
+    #: The nodes no pod fits on (``nodes`` less ``union``), when known; else found on first use.
+    known_outside: Set[NodeName] | None
     #: Free capacity per domain of ``nodes``, when the snapshot keeps it.
     domains: Domains | None = None
     #: What the pods ask for together.
     need: Resources = field(init=False)
-    #: The nodes no pod fits on (``nodes`` less ``union``), found on first use.
-    _outside: list[frozenset[NodeName]] = field(init=False, default_factory=list)
+    _outside: list[Set[NodeName]] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         need = Resources(
@@ -148,7 +150,10 @@ class _Search:
         object.__setattr__(self, "need", need)
 
     @property
-    def outside(self) -> frozenset[NodeName]:
+    def outside(self) -> Set[NodeName]:
+        """The nodes no pod fits on."""
+        if self.known_outside is not None:
+            return self.known_outside
         if not self._outside:
             self._outside.append(frozenset(self.nodes.keys() - self.union))
         return self._outside[0]
@@ -313,6 +318,8 @@ def _usable(search: _Search, key: str) -> dict[str, _Usable]:
 def _usable_from_totals(
     search: _Search, key: str, index: Mapping[str, Domain]
 ) -> dict[str, _Usable]:
+    if not search.outside:  # every node fits some pod: the totals as they are
+        return {v: _Usable(d.free, len(d.members), d.members) for v, d in index.items()}
     free = {value: domain.free for value, domain in index.items()}
     count = {value: len(domain.members) for value, domain in index.items()}
     for name in search.outside:
