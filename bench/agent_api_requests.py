@@ -1,19 +1,28 @@
-"""Node agent benchmark: API requests per agent at idle, as the API server counts them.
+"""Node agent benchmark: API requests per agent, idle and under a notice, as the API server
+counts them.
 
 A devcluster is started here with ``--agents`` kwok nodes, each holding a worker and a sidecar,
 and one agent per node (``--provider none``, ``--gpu off``: no cloud, no notice; the default
 Kubernetes-side signals, so the node's taints are followed). Two counts are taken over the same
 idle ``--seconds``:
 
-- the API server's own ``apiserver_request_total`` (from its ``/metrics``), by verb, for the
-  resources an agent uses (nodes, pods, events; not their ``status`` subresources, which kwok
-  writes), less what the cluster did on its own over ``--baseline-seconds`` with the nodes and
-  pods in place and no agent (kube-controller-manager, kube-scheduler and kwok; scaled to the
-  same time), per agent. A watch is counted when it ends.
+- the API server's own ``apiserver_request_total`` (from its ``/metrics``), by verb and
+  resource, for the resources an agent uses (nodes, pods, events; not their ``status``
+  subresources, which kwok writes), less what the cluster did on its own over
+  ``--baseline-seconds`` with the nodes and pods in place and no agent (kube-controller-manager,
+  kube-scheduler and kwok; scaled to the same time), per agent. A watch is counted when it ends.
 - the requests on the wire: the agents reach the API server through a counting proxy on
   loopback (their kubeconfig names ``http://127.0.0.1:PORT``; the proxy forwards each request
   over TLS with the admin certificate, streaming answers as they come so a watch stays open),
   counted by verb (``watch`` for a watch) and resource path.
+
+With ``--notice-seconds S``, a third count follows the idle one: every node is then tainted
+``karpenter.sh/disrupted:NoSchedule`` (one of the agent's default taint signals, so each agent
+holds a notice with the default 120 s lead: it annotates its node and pods, writes Events, and
+evicts the worker at the deadline) and the requests are counted over the next ``S`` seconds,
+less the bench's own taint patches (a GET and a PATCH per node) and the cluster's own share at
+idle, per agent. What the cluster does in answer to the agents (kwok deleting an evicted pod)
+is not subtracted: the table shows it by resource.
 
 ``--checkout DIR`` runs the agents from another checkout (its ``nodeagent`` package first on the
 path), to compare with an earlier version:
@@ -82,7 +91,9 @@ class CountingProxy:
 
     async def _listen(self) -> None:
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=self._ssl),
+            # No connection limit: aiohttp's default of 100 is taken up by 50 agents' two watches
+            # each, and every other request would wait in the proxy, unseen by the API server.
+            connector=aiohttp.TCPConnector(ssl=self._ssl or True, limit=0),
             timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
         )
         app = web.Application()
@@ -108,8 +119,8 @@ class CountingProxy:
             for key, value in upstream.headers.items():
                 if key.lower() not in _DROP and key.lower() != "content-encoding":
                     answer.headers[key] = value
-            await answer.prepare(request)
             try:
+                await answer.prepare(request)
                 async for chunk in upstream.content.iter_any():
                     await answer.write(chunk)
                 await answer.write_eof()
@@ -133,8 +144,9 @@ _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 def server_counts(kubeconfig: str) -> collections.Counter[str]:
-    """``apiserver_request_total`` by verb, for :data:`AGENT_RESOURCES` (no subresource but
-    eviction), read from the API server's ``/metrics``."""
+    """``apiserver_request_total`` by verb and resource (``PATCH nodes``, ``POST pods/eviction``),
+    for :data:`AGENT_RESOURCES` (no subresource but eviction), read from the API server's
+    ``/metrics``."""
     upstream = from_kubeconfig(kubeconfig)
     with urllib.request.urlopen(  # noqa: S310 (the devcluster's own https URL)
         upstream.server.rstrip("/") + "/metrics", context=upstream.context, timeout=30
@@ -150,7 +162,8 @@ def server_counts(kubeconfig: str) -> collections.Counter[str]:
             continue
         if labels.get("subresource", "") not in ("", "eviction"):
             continue
-        counts[labels["verb"]] += round(float(match["value"]))
+        key = f"{labels['verb']} {labels['resource']}/{labels.get('subresource', '')}".rstrip("/")
+        counts[key] += round(float(match["value"]))
     return counts
 
 
@@ -178,6 +191,7 @@ def measure(
     settle: float,
     checkout: str | None,
     work: Path,
+    notice_seconds: float = 0.0,
 ) -> None:
     work.mkdir(parents=True, exist_ok=True)
     spec = nodes.NodeSpec(count=agents, gpus=8, prefix=f"bench-api-{uuid.uuid4().hex[:6]}")
@@ -223,6 +237,8 @@ def measure(
         time.sleep(seconds)
         wire, server = proxy.snapshot() - wire_before, server_counts(kubeconfig) - server_before
         took = time.monotonic() - started
+        if notice_seconds > 0:
+            noticed = under_notice(kubeconfig, core, proxy, names, notice_seconds)
     finally:
         for agent in running:
             agent.stop()
@@ -232,6 +248,46 @@ def measure(
         for node in names:
             core.delete_node(node)
     report(agents, checkout, took=took, base_took=base_took, server=server, base=base, wire=wire)
+    if notice_seconds > 0:
+        n_took, n_server, n_wire = noticed
+        # The bench's own taint patches are PATCHes of nodes: not the agents'.
+        n_server["PATCH nodes"] = max(0, n_server["PATCH nodes"] - len(names))
+        print()
+        print(f"under a notice (every node tainted {NOTICE_TAINT}), {n_took:.0f} s:")
+        report(
+            agents,
+            checkout,
+            took=n_took,
+            base_took=base_took,
+            server=n_server,
+            base=base,
+            wire=n_wire,
+            per_notice=True,
+        )
+
+
+#: A taint the agent follows by default (``--kube-taints``), that no controller here acts on.
+NOTICE_TAINT = "karpenter.sh/disrupted"
+
+
+def under_notice(
+    kubeconfig: str, core: Any, proxy: CountingProxy, names: list[str], seconds: float
+) -> tuple[float, collections.Counter[str], collections.Counter[str]]:
+    """Taint every node at once, then count the requests over ``seconds``."""
+    wire_before, server_before = proxy.snapshot(), server_counts(kubeconfig)
+    started = time.monotonic()
+    for node in names:
+        taints = core.read_node(node).spec.taints or []
+        body = [{"key": t.key, "value": t.value, "effect": t.effect} for t in taints if t.key] + [
+            {"key": NOTICE_TAINT, "effect": "NoSchedule"}
+        ]
+        core.patch_node(node, {"spec": {"taints": body}})
+    time.sleep(max(0.0, seconds - (time.monotonic() - started)))
+    took = time.monotonic() - started
+    # The bench's own node reads (one GET per node) are not the agents' either.
+    server = server_counts(kubeconfig) - server_before
+    server["GET nodes"] = max(0, server["GET nodes"] - len(names))
+    return took, server, proxy.snapshot() - wire_before
 
 
 def report(
@@ -243,26 +299,35 @@ def report(
     server: collections.Counter[str],
     base: collections.Counter[str],
     wire: collections.Counter[str],
+    per_notice: bool = False,
 ) -> None:
-    print(f"{agents} agents from {checkout or 'this checkout'}, idle for {took:.0f} s")
-    print("apiserver_request_total, nodes/pods/events, per agent (less the cluster's own):")
+    if not per_notice:
+        print(f"{agents} agents from {checkout or 'this checkout'}, idle for {took:.0f} s")
+    print("apiserver_request_total, nodes/pods/events, per agent (less the cluster's own at idle):")
     total = 0.0
     for verb in sorted(set(server) | set(base)):
         own = base[verb] * took / base_took
         rate = max(0.0, server[verb] - own) / took / agents
         total += rate
         print(
-            f"  {verb:7} {rate:.4f}/s  (all agents {server[verb]}, the cluster alone about "
+            f"  {verb:22} {rate:.4f}/s  (all agents {server[verb]}, the cluster alone about "
             f"{own:.0f})"
         )
-    print(f"  all     {total:.4f}/s per agent")
+    print(
+        f"  {'all':22} {total:.4f}/s per agent"
+        + (f", {total * took:.1f} in all" if per_notice else "")
+    )
     print("on the wire, per agent:")
     by_kind: collections.Counter[str] = collections.Counter()
     for what, n in wire.items():
         by_kind[wire_kind(what)] += n
     for what, n in sorted(by_kind.items()):
         print(f"  {what:14} {n / took / agents:.4f}/s")
-    print(f"  all            {sum(by_kind.values()) / took / agents:.4f}/s per agent")
+    wired = sum(by_kind.values()) / agents
+    print(
+        f"  all            {wired / took:.4f}/s per agent"
+        + (f", {wired:.1f} in all" if per_notice else "")
+    )
 
 
 def main() -> int:
@@ -276,6 +341,12 @@ def main() -> int:
     )
     p.add_argument("--settle", type=float, default=20.0, help="seconds before each count")
     p.add_argument("--checkout", help="run the agents from this checkout (default: this one)")
+    p.add_argument(
+        "--notice-seconds",
+        type=float,
+        default=0.0,
+        help="then taint every node and count this long under the notice (0: no notice)",
+    )
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="shoal-bench-api-") as tmp:
         work = Path(tmp)
@@ -291,6 +362,7 @@ def main() -> int:
                 settle=args.settle,
                 checkout=args.checkout,
                 work=work / "agents",
+                notice_seconds=args.notice_seconds,
             )
         finally:
             api.close()
