@@ -84,7 +84,7 @@ def main() -> int:  # noqa: C901, PLR0915 - the benchmark as one script, step by
     p.add_argument("--gpus-per-pod", type=int, default=4)
     p.add_argument("--qps", type=float, default=200)
     p.add_argument("--burst", type=int, default=400)
-    p.add_argument("--bind-workers", type=int, default=16)
+    p.add_argument("--bind-workers", type=int, default=64)
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument(
         "--kube-scheduler",

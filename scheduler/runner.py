@@ -108,7 +108,7 @@ Observer = Callable[[Snapshot, list[Gang], list[InvalidGang], float], None]
 @dataclass(frozen=True, slots=True)
 class Settings:
     scheduler_name: str
-    bind_workers: int = 16
+    bind_workers: int = 64
     config: Config = field(default_factory=Config)
     initial_backoff: float = 1.0
     max_backoff: float = 10.0

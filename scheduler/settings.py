@@ -131,7 +131,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("scheduler-name", names.SCHEDULER_NAME, str, "pods with this spec.schedulerName"),
     Option("qps", 200.0, _number, "client-side API rate limit, requests/s (<= 0: none)"),
     Option("burst", 400, _whole(1, 1_000_000), "client-side API burst"),
-    Option("bind-workers", 16, _whole(1, 1024), "concurrent pods/binding requests"),
+    Option("bind-workers", 64, _whole(1, 1024), "concurrent pods/binding requests"),
     Option(
         "topology-keys",
         names.DEFAULT_TOPOLOGY_KEYS,
