@@ -1,5 +1,6 @@
-"""Node agent benchmark: API requests per agent, idle and under a notice, as the API server
-counts them.
+"""Node agent benchmark: API requests per agent, idle and under a notice.
+
+What the API server counts itself, and what goes over the wire.
 
 A devcluster is started here with ``--agents`` kwok nodes, each holding a worker and a sidecar,
 and one agent per node (``--provider none``, ``--gpu off``: no cloud, no notice; the default
