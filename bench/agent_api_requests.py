@@ -251,8 +251,6 @@ def measure(
     report(agents, checkout, took=took, base_took=base_took, server=server, base=base, wire=wire)
     if notice_seconds > 0:
         n_took, n_server, n_wire = noticed
-        # The bench's own taint patches are PATCHes of nodes: not the agents'.
-        n_server["PATCH nodes"] = max(0, n_server["PATCH nodes"] - len(names))
         print()
         print(f"under a notice (every node tainted {NOTICE_TAINT}), {n_took:.0f} s:")
         report(

@@ -240,8 +240,7 @@ def _turn_key(gang: Gang) -> tuple[bool, bool, int, float, str]:
     """A gang torn below its minimum (its scheduler died between binds, or a bind failed)
     first: its bound members hold room until the rest joins them. Then minimums, surplus
     after (growth never delays someone's quorum); in queue order within each."""
-    missing = gang.min_missing
-    return (not (gang.bound and missing > 0), missing == 0, *order_key(gang))
+    return (not torn(gang), gang.min_missing == 0, *order_key(gang))
 
 
 def _in_turn(ready: list[Gang]) -> Iterator[Gang]:

@@ -48,9 +48,12 @@ class Snapshot:
         """Where ``nodes`` come from, for the placement search (``place(..., origin=)``)."""
         return self.derived if self.derived is not None else NodesOrigin(self.nodes)
 
-    def _derive(self, changed: Iterable[NodeName]) -> NodesOrigin:
+    def _derive(self, changes: Iterable[tuple[NodeState | None, NodeState | None]]) -> NodesOrigin:
+        """This snapshot's origin, with the nodes of ``changes`` touched too."""
         origin = self.origin
-        return NodesOrigin(origin.root, origin.touched.union(changed))
+        return NodesOrigin(
+            origin.root, origin.touched.union(old.name for old, _ in changes if old is not None)
+        )
 
     def with_assignments(self, assignments: Iterable[Assignment]) -> Snapshot:
         """The snapshot after binding ``assignments`` (used inside one cycle)."""
@@ -71,7 +74,7 @@ class Snapshot:
             pods,
             self.pod_groups,
             domains=self.domains.moved(changes),
-            derived=self._derive(old.name for old, _ in changes if old is not None),
+            derived=self._derive(changes),
         )
 
     def with_reserved(self, reserved: Iterable[tuple[NodeName, Resources]]) -> Snapshot:
@@ -94,7 +97,7 @@ class Snapshot:
             self.pods,
             self.pod_groups,
             domains=self.domains.moved(changes),
-            derived=self._derive(old.name for old, _ in changes if old is not None),
+            derived=self._derive(changes),
         )
 
     def without(self, keys: Iterable[PodKey]) -> Snapshot:
@@ -120,7 +123,7 @@ class Snapshot:
             {k: p for k, p in self.pods.items() if k not in gone},
             self.pod_groups,
             domains=self.domains.moved(changes),
-            derived=self._derive(old.name for old, _ in changes if old is not None),
+            derived=self._derive(changes),
         )
 
 
