@@ -27,7 +27,8 @@ what is measured. Prints a table and writes JSON; it is a measurement, not a tes
     .venv/bin/python bench/compare.py --nodes 1000 --qps 0
 
 ``SHOAL_BENCH_WRAP`` prefixes Shoal's command line, to profile it in place, e.g.
-``SHOAL_BENCH_WRAP="py-spy record -r 50 -f raw -o shoal.raw --duration 35 --"``.
+``SHOAL_BENCH_WRAP="py-spy record --nonblocking -r 50 -f raw -o shoal.raw --"``; the bench
+stops and times the wrapper's one child, the scheduler itself.
 """
 
 from __future__ import annotations
@@ -143,6 +144,88 @@ class Watcher:
                 response.release_conn()
 
 
+def _unusable(node: dict[str, Any]) -> bool:
+    """Not Ready, or tainted by the node-lifecycle controller (any taint but kwok's own)."""
+    ready = [c for c in node.get("status", {}).get("conditions", []) if c["type"] == "Ready"]
+    taints = node.get("spec", {}).get("taints") or []
+    return (
+        not ready
+        or ready[0]["status"] != "True"
+        or any(t["key"] != names.KWOK_TAINT for t in taints)
+    )
+
+
+class NodeHealth:
+    """Which nodes no bench pod could use (not Ready, or tainted not-ready/unreachable), from a
+    watch of the nodes.
+
+    kwok makes a few dozen new nodes Ready a second, so 5,000 of them take minutes, and the
+    node-lifecycle controller taints the rest ``not-ready`` meanwhile; a run timed then measures a
+    cluster whose nodes change under the scheduler. Each run waits until every node is usable,
+    and reports how many node updates arrived during it and the most nodes unusable at once."""
+
+    def __init__(self, core: Any) -> None:
+        self._core = core
+        self._lock = threading.Condition()
+        self._unusable: set[str] = set()
+        self.updates = 0
+        self.peak = 0
+        version = self._list()
+        threading.Thread(target=self._run, args=(version,), daemon=True).start()
+
+    def _list(self) -> str:
+        raw = json.loads(self._core.list_node(_preload_content=False).data)
+        with self._lock:
+            self._unusable = {n["metadata"]["name"] for n in raw["items"] if _unusable(n)}
+            self._lock.notify_all()
+        return str(raw["metadata"]["resourceVersion"])
+
+    def _run(self, version: str) -> None:
+        while True:
+            response = self._core.list_node(
+                watch=True,
+                resource_version=version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=300,
+                _preload_content=False,
+            )
+            try:
+                for line in iter_resp_lines(response):
+                    event = json.loads(line)
+                    node = event["object"]
+                    if event["type"] == "ERROR":  # 410 Gone: list again
+                        version = self._list()
+                        break
+                    version = node["metadata"].get("resourceVersion", version)
+                    if event["type"] == "BOOKMARK":
+                        continue
+                    name = node["metadata"]["name"]
+                    with self._lock:
+                        self.updates += 1
+                        if event["type"] != "DELETED" and _unusable(node):
+                            self._unusable.add(name)
+                        else:
+                            self._unusable.discard(name)
+                        self.peak = max(self.peak, len(self._unusable))
+                        self._lock.notify_all()
+            finally:
+                response.release_conn()
+
+    def settle(self, timeout: float = 900) -> float:
+        """Seconds waited until every node is usable; then counting starts again."""
+        started = time.monotonic()
+        with self._lock:
+            if not self._lock.wait_for(lambda: not self._unusable, timeout):
+                left = len(self._unusable)
+                raise SystemExit(f"{left} node(s) still unusable after {timeout:.0f} s")
+            self.updates, self.peak = 0, 0
+        return time.monotonic() - started
+
+    def report(self) -> dict[str, int]:
+        with self._lock:
+            return {"node_updates": self.updates, "nodes_unusable_max": self.peak}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -192,9 +275,19 @@ def _shoal_argv(
         str(LIFTED_BURST if lifted else args.burst),
     ]
     if os.environ.get("SHOAL_BENCH_WRAP"):
-        # e.g. "py-spy record -r 100 -f speedscope -o shoal.json --" to profile the run.
         argv = [*os.environ["SHOAL_BENCH_WRAP"].split(), *argv]
     return argv
+
+
+def _scheduler_pid(pid: int) -> int:
+    """The scheduler's own pid: under ``SHOAL_BENCH_WRAP`` the started process is the wrapper
+    (a profiler), and stopping or timing that one instead would freeze or miss the scheduler."""
+    if not os.environ.get("SHOAL_BENCH_WRAP"):
+        return pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    if len(children) != 1:
+        raise SystemExit(f"SHOAL_BENCH_WRAP: expected one child of the wrapper, got {children}")
+    return int(children[0])
 
 
 def run_one(  # noqa: C901, PLR0915 - one benchmark run as one script: start, load, measure, clean up
@@ -205,8 +298,12 @@ def run_one(  # noqa: C901, PLR0915 - one benchmark run as one script: start, lo
     workload: str,
     args: argparse.Namespace,
     work: Path,
+    health: NodeHealth,
 ) -> dict[str, Any]:
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    waited = health.settle()
+    if waited > 1:
+        print(f"  waited {waited:.0f} s for every node to be Ready and untainted", flush=True)
     gangs, members, gpus = WORKLOADS[workload]
     gangs = max(1, round(gangs * args.scale))
     total = gangs * members
@@ -224,8 +321,8 @@ def run_one(  # noqa: C901, PLR0915 - one benchmark run as one script: start, lo
         port = _free_port()
         argv = _shoal_argv(handle, scheduler_name, port, args)
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        pid = proc.pid
         _wait_ready(f"http://127.0.0.1:{port}/readyz", kind)
+        pid = _scheduler_pid(proc.pid)
     if pid:
         os.kill(pid, signal.SIGSTOP)  # every object in place before it decides anything
     started = time.monotonic()
@@ -248,6 +345,7 @@ def run_one(  # noqa: C901, PLR0915 - one benchmark run as one script: start, lo
         flush=True,
     )
     watcher = Watcher(core, namespace, total)
+    health.settle()  # and count node updates from here
     t0 = time.monotonic()
     if pid:
         cpu0 = process.cpu_seconds(pid)
@@ -271,6 +369,7 @@ def run_one(  # noqa: C901, PLR0915 - one benchmark run as one script: start, lo
         pid, cpu0 = proc.pid, 0.0
     finished = watcher.done.wait(args.timeout)
     t_end = time.monotonic()
+    nodes_seen = health.report()
     # Peak memory from /proc (VmHWM starts again at exec; wait4's ru_maxrss would count the
     # forked copy of this Python process); None for a binder that already exited.
     hwm = process.status_kib(pid, "VmHWM")
@@ -278,7 +377,9 @@ def run_one(  # noqa: C901, PLR0915 - one benchmark run as one script: start, lo
     if kind != "binder":
         cpu = process.cpu_seconds(pid) - cpu0
     if proc is not None:
-        os.kill(proc.pid, signal.SIGTERM)  # a zombie until reaped below, never reused
+        # The scheduler itself (a wrapper then exits with it, writing its profile); a zombie
+        # until reaped below, never reused.
+        os.kill(pid, signal.SIGTERM)
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         if kind == "binder":  # it may have exited already: its own accounting
@@ -313,6 +414,7 @@ def run_one(  # noqa: C901, PLR0915 - one benchmark run as one script: start, lo
         "gang_bound_p99_s": _pct(complete, 99),
         "cpu_seconds": round(cpu, 1),
         "peak_rss_mib": None if rss is None else round(rss, 1),
+        **nodes_seen,
     }
     _clean(core, namespace, [i["metadata"]["name"] for i in items])
     if kind == "kube-scheduler":
@@ -402,11 +504,18 @@ def main() -> int:
             workers=16,
         )
         print(f"{args.nodes} nodes in {time.monotonic() - started:.0f} s", flush=True)
+        health = NodeHealth(client.CoreV1Api(api))
         for workload in workloads:
             print(f"workload {workload}:", flush=True)
             for kind in kinds:
                 result = run_one(
-                    kind, handle=handle, api=api, workload=workload, args=args, work=work
+                    kind,
+                    handle=handle,
+                    api=api,
+                    workload=workload,
+                    args=args,
+                    work=work,
+                    health=health,
                 )
                 results.append(result)
                 print(f"  {json.dumps(result)}", flush=True)
