@@ -170,6 +170,7 @@ class NodeHealth:
         self._unusable: set[str] = set()
         self.updates = 0
         self.peak = 0
+        self._closed = threading.Event()
         version = self._list()
         threading.Thread(target=self._run, args=(version,), daemon=True).start()
 
@@ -180,7 +181,23 @@ class NodeHealth:
             self._lock.notify_all()
         return str(raw["metadata"]["resourceVersion"])
 
+    def close(self) -> None:
+        """Before the cluster goes down: the watch ending then is no news."""
+        self._closed.set()
+
     def _run(self, version: str) -> None:
+        while not self._closed.is_set():
+            try:
+                version = self._watch(version)
+            except Exception as exc:  # the API server went away or cut the watch
+                if self._closed.is_set():
+                    return
+                print(f"  node watch: {exc!r}; listing again", flush=True)
+                time.sleep(1)
+                version = self._list()
+
+    def _watch(self, version: str) -> str:
+        """Follow the nodes from ``version`` until the watch ends; the version reached."""
         while True:
             response = self._core.list_node(
                 watch=True,
@@ -194,8 +211,7 @@ class NodeHealth:
                     event = json.loads(line)
                     node = event["object"]
                     if event["type"] == "ERROR":  # 410 Gone: list again
-                        version = self._list()
-                        break
+                        return self._list()
                     version = node["metadata"].get("resourceVersion", version)
                     if event["type"] == "BOOKMARK":
                         continue
@@ -484,9 +500,13 @@ def main() -> int:
             scheduler_burst=LIFTED_BURST if lifted else args.burst,
             feature_gates=cluster.WORKLOAD_GATES,
             runtime_config=cluster.WORKLOAD_RUNTIME_CONFIG,
+            # kwok renews every node's lease from this same busy machine: late renewals must
+            # not turn nodes unreachable mid-run (see NodeHealth).
+            node_monitor_grace_period="10m",
         ),
     )
     results = []
+    health: NodeHealth | None = None
     try:
         api = config.new_client_from_config(config_file=str(handle.kubeconfig))
         api.configuration.connection_pool_maxsize = 32
@@ -520,6 +540,8 @@ def main() -> int:
                 results.append(result)
                 print(f"  {json.dumps(result)}", flush=True)
     finally:
+        if health is not None:
+            health.close()
         cluster.down(work / "run", say=lambda _m: None)
     name = f"compare-{args.nodes}-{'lifted' if lifted else f'qps{args.qps:g}'}.json"
     out = args.out / name

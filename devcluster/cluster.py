@@ -93,6 +93,11 @@ class Options:
     feature_gates: tuple[str, ...] = ()
     #: The API server's ``--runtime-config`` entries, such as ``scheduling.k8s.io/v1beta1=true``.
     runtime_config: tuple[str, ...] = ()
+    #: The node-lifecycle controller's ``--node-monitor-grace-period`` (its default when
+    #: ``None``): how long a node's lease may go unrenewed before it is marked unreachable and
+    #: tainted. Benchmarks lengthen it: on a loaded 2-core machine kwok renews thousands of
+    #: leases late, which real kubelets on their own machines would not.
+    node_monitor_grace_period: str | None = None
 
     def gate_on(self, name: str) -> bool:
         return f"{name}=true" in {g.replace(" ", "") for g in self.feature_gates}
@@ -437,6 +442,11 @@ def _controller_manager_argv(
         f"--kube-api-qps={options.controller_qps}",
         f"--kube-api-burst={options.controller_burst}",
         *options.gate_flags(),
+        *(
+            [f"--node-monitor-grace-period={options.node_monitor_grace_period}"]
+            if options.node_monitor_grace_period
+            else []
+        ),
         "--profiling=false",
         "--v=1",
     ]
