@@ -7,7 +7,8 @@ For each workload, each scheduler in turn gets the very same objects in a fresh 
 ``scheduling.k8s.io`` PodGroup per gang (``schedulingPolicy.gang.minCount`` = its size) and pods
 naming it in ``spec.schedulingGroup``; single pods are plain pods. The scheduler under test is
 started and has listed everything before the objects are created, and is stopped (SIGSTOP) while
-they are; the clock starts when it is resumed and ends at the last binding a watch sees:
+they are; each run waits first until every node is Ready and untainted (:class:`NodeHealth`);
+the clock starts when the scheduler is resumed and ends at the last binding a watch sees:
 
 - pods/s: pods bound / seconds from the resume to the last binding;
 - gang time-to-bound p50/p99: per whole gang, its last member's binding minus the resume;

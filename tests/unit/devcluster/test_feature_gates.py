@@ -43,3 +43,15 @@ def test_gates_go_to_every_component_and_workloads_add_podgroup_protection(
     manager = cluster._controller_manager_argv(tmp_path, tmp_path, keys, ports, off)
     assert not any(a.startswith("--feature-gates") for a in manager)
     assert not any("podgroup-protection" in a for a in manager)
+
+
+def test_node_monitor_grace_period_reaches_the_controller_manager_only_when_set(
+    tmp_path: Path,
+) -> None:
+    keys = pki.generate(tmp_path / "pki")
+    ports = {name: 1 for name in ("etcd", "apiserver", "controller_manager", "scheduler")}
+    patient = cluster.Options(node_monitor_grace_period="10m")
+    manager = cluster._controller_manager_argv(tmp_path, tmp_path, keys, ports, patient)
+    assert "--node-monitor-grace-period=10m" in manager
+    default = cluster._controller_manager_argv(tmp_path, tmp_path, keys, ports, cluster.Options())
+    assert not any(a.startswith("--node-monitor-grace-period") for a in default)
