@@ -47,7 +47,9 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -101,11 +103,30 @@ def pod_group_body(gang: str, members: int) -> dict[str, Any]:
     }
 
 
-class Watcher:
-    """Records when each pod of a namespace is first seen bound.
+def _watch_events(
+    list_call: Callable[..., Any], version: str, **params: Any
+) -> Generator[dict[str, Any], None, None]:
+    """One watch from ``version`` (``list_call``: a client list method, ``params`` its own), as
+    raw JSON events, until the API server ends it. Raw lines, because decoding each event into
+    the client's model objects cost more CPU than some schedulers under test, and the watches
+    share the machine with them."""
+    response = list_call(
+        **params,
+        watch=True,
+        resource_version=version,
+        allow_watch_bookmarks=True,
+        timeout_seconds=300,
+        _preload_content=False,
+    )
+    try:
+        for line in iter_resp_lines(response):
+            yield json.loads(line)
+    finally:
+        response.release_conn()
 
-    Reads the watch as raw JSON lines: decoding each event into the client's model objects cost
-    more CPU than some schedulers under test, and the watcher shares the machine with them."""
+
+class Watcher:
+    """Records when each pod of a namespace is first seen bound."""
 
     def __init__(self, core: Any, namespace: str, total: int) -> None:
         self.bound_at: dict[str, float] = {}
@@ -117,17 +138,10 @@ class Watcher:
 
     def _run(self, version: str) -> None:
         while not self.done.is_set():
-            response = self._core.list_namespaced_pod(
-                self._namespace,
-                watch=True,
-                resource_version=version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=300,
-                _preload_content=False,
-            )
-            try:
-                for line in iter_resp_lines(response):
-                    event = json.loads(line)
+            with closing(
+                _watch_events(self._core.list_namespaced_pod, version, namespace=self._namespace)
+            ) as events:
+                for event in events:
                     pod = event["object"]
                     if event["type"] == "ERROR":  # 410 Gone and the like: the run times out
                         print(f"  watch of {self._namespace} ended: {pod}", flush=True)
@@ -141,8 +155,6 @@ class Watcher:
                         if len(self.bound_at) == self._total:
                             self.done.set()
                             return
-            finally:
-                response.release_conn()
 
 
 def _unusable(node: dict[str, Any]) -> bool:
@@ -200,43 +212,39 @@ class NodeHealth:
     def _watch(self, version: str) -> str:
         """Follow the nodes from ``version`` until the watch ends; the version reached."""
         while True:
-            response = self._core.list_node(
-                watch=True,
-                resource_version=version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=300,
-                _preload_content=False,
-            )
-            try:
-                for line in iter_resp_lines(response):
-                    event = json.loads(line)
+            with closing(_watch_events(self._core.list_node, version)) as events:
+                for event in events:
                     node = event["object"]
                     if event["type"] == "ERROR":  # 410 Gone: list again
                         return self._list()
                     version = node["metadata"].get("resourceVersion", version)
-                    if event["type"] == "BOOKMARK":
-                        continue
-                    name = node["metadata"]["name"]
-                    with self._lock:
-                        self.updates += 1
-                        if event["type"] != "DELETED" and _unusable(node):
-                            self._unusable.add(name)
-                        else:
-                            self._unusable.discard(name)
-                        self.peak = max(self.peak, len(self._unusable))
-                        self._lock.notify_all()
-            finally:
-                response.release_conn()
+                    if event["type"] != "BOOKMARK":
+                        self._seen(event["type"], node)
+
+    def _seen(self, kind: str, node: dict[str, Any]) -> None:
+        name = node["metadata"]["name"]
+        with self._lock:
+            self.updates += 1
+            if kind != "DELETED" and _unusable(node):
+                self._unusable.add(name)
+            else:
+                self._unusable.discard(name)
+            self.peak = max(self.peak, len(self._unusable))
+            self._lock.notify_all()
 
     def settle(self, timeout: float = 900) -> float:
-        """Seconds waited until every node is usable; then counting starts again."""
+        """Seconds waited until every node is usable."""
         started = time.monotonic()
         with self._lock:
             if not self._lock.wait_for(lambda: not self._unusable, timeout):
                 left = len(self._unusable)
                 raise SystemExit(f"{left} node(s) still unusable after {timeout:.0f} s")
-            self.updates, self.peak = 0, 0
         return time.monotonic() - started
+
+    def count_from_now(self) -> None:
+        """What :meth:`report` says starts again here."""
+        with self._lock:
+            self.updates, self.peak = 0, len(self._unusable)
 
     def report(self) -> dict[str, int]:
         with self._lock:
@@ -362,7 +370,8 @@ def run_one(  # noqa: C901, PLR0915 - one benchmark run as one script: start, lo
         flush=True,
     )
     watcher = Watcher(core, namespace, total)
-    health.settle()  # and count node updates from here
+    health.settle()
+    health.count_from_now()
     t0 = time.monotonic()
     if pid:
         cpu0 = process.cpu_seconds(pid)
