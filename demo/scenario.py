@@ -449,6 +449,9 @@ class Demo:
                 try:
                     async for notice in watcher.watch():
                         if notice.leave:
+                            # Heard, so known even when the pod's shoal.dev/leave-by is gone
+                            # before the next listing sees it.
+                            pod.reclaimed = pod.reclaimed or notice.kind == "reclaim"
                             step = self.checkpoint(
                                 pod,
                                 f"notice from {notice.source}: leave by {notice.leave_by:%H:%M:%S}",

@@ -518,9 +518,16 @@ class TorchDemo(Demo):
         return int(max(r["step"] for r in stops)) if len(stops) >= MAX else None
 
     def reclaimed(self) -> str | None:
-        for pod in client.CoreV1Api(self.api).list_namespaced_pod(NAMESPACE).items:
-            if names.RECLAIMED_FOR_ANNOTATION in (pod.metadata.annotations or {}):
-                return str(pod.metadata.name)
+        """The member asked to leave for urgent, from the scheduler's ``Reclaimed`` Event on it:
+        the Event stays, while the pod's ``shoal.dev/leave-by`` lasts only until the member
+        acknowledges and is evicted, which can be quicker than a poll."""
+        for event in client.CoreV1Api(self.api).list_namespaced_event(NAMESPACE).items:
+            if (
+                event.reason == "Reclaimed"
+                and event.involved_object.kind == "Pod"
+                and f"for gang {NAMESPACE}/urgent " in (event.message or "")
+            ):
+                return str(event.involved_object.name)
         return None
 
     # -- the end -----------------------------------------------------------------------------

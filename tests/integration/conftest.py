@@ -18,6 +18,7 @@ import pytest
 from kubernetes import client, config
 
 from devcluster import build, cluster, nodes
+from tests.integration.history import PodHistory
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,15 @@ def namespace(devcluster: Devcluster) -> Iterator[str]:
         yield name
     finally:
         core.delete_namespace(name)
+
+
+@pytest.fixture
+def pod_history(devcluster: Devcluster, namespace: str) -> Iterator[PodHistory]:
+    """Every version of the test namespace's pods from the start of the test: what a test
+    asserts about states that come and go is read here, never from a poll that can miss them."""
+    history = PodHistory(devcluster.core(), namespace)
+    yield history
+    history.close()
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from contracts import names
+from tests.integration.history import PodHistory, State
 from tests.integration.scheduler.conftest import Pods, Pool, SchedulerProcess, ensure_priority_class
 from tests.waiting import eventually
 
@@ -87,7 +88,10 @@ def test_four_gpu_pod_lands_on_a_free_nvlink_island_not_on_scattered_gpus(
 
 
 def test_elastic_gang_shrinks_for_a_higher_priority_gang_never_below_its_minimum(
-    pool: Pool, pods: Pods, start_scheduler: Callable[..., SchedulerProcess]
+    pool: Pool,
+    pods: Pods,
+    start_scheduler: Callable[..., SchedulerProcess],
+    pod_history: PodHistory,
 ) -> None:
     ensure_priority_class(pods.devcluster, "shoal-test-high", 100000)
     pool.add(4, gpus=8)
@@ -96,22 +100,24 @@ def test_elastic_gang_shrinks_for_a_higher_priority_gang_never_below_its_minimum
     eventually(lambda: len(pods.bound(members)) == 4, what="the elastic gang at its maximum")
 
     urgent = pods.gang("urgent", 2, gpus=8, min_member=2, priority_class="shoal-test-high")
-    asked: set[str] = set()
-    lowest = 4
+    eventually(
+        lambda: len(pods.bound(urgent)) == 2, what="the high-priority gang to take the surplus room"
+    )
 
-    def urgent_bound() -> bool:
-        nonlocal lowest
-        for pod in pods.all():
-            notes = pod.metadata.annotations or {}
-            if pod.metadata.name in members and names.LEAVE_BY_ANNOTATION in notes:
-                asked.add(pod.metadata.name)
-                assert notes[names.RECLAIMED_FOR_ANNOTATION].endswith("/urgent")
-        lowest = min(lowest, len(pods.bound(members)))
-        return len(pods.bound(urgent)) == 2
+    # Read from every version of the pods (a victim's leave-by lasts only until its eviction).
+    def bound(state: State) -> int:
+        return len([n for n in members if n in state and state[n].spec.node_name])
 
-    eventually(urgent_bound, what="the high-priority gang to take the surplus room")
+    lowest = pod_history.lowest(bound, since=lambda state: bound(state) == 4)
     assert lowest >= 2  # never below the minimum while members were bound
     assert len(pods.bound(members)) == 2
+    asked = set()
+    for name in members:
+        for pod in pod_history.versions(name):
+            notes = pod.metadata.annotations or {}
+            if names.LEAVE_BY_ANNOTATION in notes:
+                asked.add(name)
+                assert notes[names.RECLAIMED_FOR_ANNOTATION].endswith("/urgent")
     assert asked == {"elastic-2", "elastic-3"}  # the youngest surplus members, and only them
     reclaimed = [e for e in pods.events("elastic-3") if e.reason == "Reclaimed"]
     assert reclaimed

@@ -21,6 +21,7 @@ from kubernetes import client
 
 from contracts import names
 from tests.integration.conftest import Devcluster
+from tests.integration.history import PodHistory, State
 from tests.integration.scheduler import training_operator
 from tests.integration.scheduler.conftest import (
     KWOK_TOLERATION,
@@ -123,6 +124,7 @@ def test_elastic_pytorch_job_admitted_at_its_minimum_grown_to_its_maximum_shrunk
     pods: Pods,
     start_scheduler: Callable[..., SchedulerProcess],
     operator: TrainingOperator,
+    pod_history: PodHistory,
 ) -> None:
     ensure_priority_class(pods.devcluster, "shoal-test-high", 100000)
     pool.add(1, gpus=8)  # room for one 8-GPU worker of a gang whose minimum is two
@@ -165,17 +167,24 @@ def test_elastic_pytorch_job_admitted_at_its_minimum_grown_to_its_maximum_shrunk
     # A more urgent gang takes the surplus: two workers are reclaimed, never the minimum; the
     # operator replaces them, and the replacements wait.
     urgent = pods.gang("urgent", 2, gpus=8, min_member=2, priority_class="shoal-test-high")
-    lowest = [4]
-
-    def urgent_bound() -> bool:
-        lowest[0] = min(lowest[0], len(_bound(pods, name)))
-        return len(pods.bound(urgent)) == 2
-
-    eventually(urgent_bound, what="the urgent gang in the reclaimed room")
-    assert lowest[0] >= 2
+    eventually(lambda: len(pods.bound(urgent)) == 2, what="the urgent gang in the reclaimed room")
     eventually(lambda: _status(pods, name, phase="Running", running=2), what="shrunk to 2")
     eventually(lambda: len(_members(pods, name)) == 4, what="the operator's replacements")
     assert len(_bound(pods, name)) == 2
+
+    # From every version of the pods since the job ran at four, not from samples of them.
+    def bound(state: State) -> int:
+        return len(
+            [
+                p
+                for p in state.values()
+                if (p.metadata.labels or {}).get(names.POD_GROUP_LABEL) == name
+                and p.metadata.deletion_timestamp is None
+                and p.spec.node_name
+            ]
+        )
+
+    assert pod_history.lowest(bound, since=lambda state: bound(state) == 4) >= 2
     reclaimed = [
         e
         for p in workers

@@ -337,9 +337,12 @@ def left_and_resumed(scene: Scene, leaver: str) -> tuple[float, float]:
 
 
 def _reclaimed(scene: Scene) -> str | None:
-    for pod in scene.core.list_namespaced_pod(scene.namespace).items:
-        if names.RECLAIMED_FOR_ANNOTATION in (pod.metadata.annotations or {}):
-            return str(pod.metadata.name)
+    """The member the scheduler asked to leave, from its ``Reclaimed`` Event: the Event stays,
+    while the pod's ``shoal.dev/leave-by`` lasts only until the acknowledgement evicts it."""
+    for event in scene.core.list_namespaced_event(scene.namespace).items:
+        if event.reason == "Reclaimed" and event.involved_object.kind == "Pod":
+            assert f"to make room for gang {scene.namespace}/urgent " in event.message
+            return str(event.involved_object.name)
     return None
 
 
