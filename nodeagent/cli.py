@@ -8,6 +8,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -18,13 +19,14 @@ import structlog
 from common import logs
 from common.values import parse_bool
 from contracts.names import REVOKING_TAINT
-from nodeagent import health, podresources
-from nodeagent.agent import Agent, AgentSettings
+from nodeagent import clock, health, podresources
+from nodeagent.agent import Agent, AgentSettings, wall_clock
 from nodeagent.gpu.monitor import GpuOptions
 from nodeagent.gpu.xid import XidPolicy
 from nodeagent.notify.server import DEFAULT_SOCKET, SocketLimits, serve
 from nodeagent.podcache import FILENAME, PodCache
 from nodeagent.providers import Provider, select
+from nodeagent.providers.base import Clock
 from nodeagent.providers.kube import (
     DEFAULT_TAINTS,
     KubeEventProvider,
@@ -304,6 +306,15 @@ def _timing_flags(flags: _Flags) -> None:
         600.0,
         _positive,
     )
+    add(
+        "--clock-skew-warn",
+        "SHOAL_CLOCK_SKEW_WARN",
+        "seconds this node's clock may differ from the API server's (or the metadata server's) "
+        "before the agent warns (log, ClockSkew Event on the node, metric); deadlines are always "
+        "taken by the corrected clock",
+        5.0,
+        _positive,
+    )
 
 
 def _gpu_flags(flags: _Flags) -> None:
@@ -428,7 +439,9 @@ def socket_limits(args: argparse.Namespace) -> SocketLimits:
     )
 
 
-def providers(args: argparse.Namespace, cluster: Cluster, cloud: Provider) -> list[Provider]:
+def providers(
+    args: argparse.Namespace, cluster: Cluster, cloud: Provider, clock: Clock = wall_clock
+) -> list[Provider]:
     """The cloud's provider, and the Kubernetes-side signals the flags ask for."""
     found: list[Provider] = [cloud]
     if args.kube_taints:
@@ -437,6 +450,7 @@ def providers(args: argparse.Namespace, cluster: Cluster, cloud: Provider) -> li
                 feed=cluster.node_feed(),
                 keys=args.kube_taints,
                 lead=timedelta(seconds=args.kube_taint_lead),
+                clock=clock,
             )
         )
     if args.kube_event_reasons:
@@ -444,10 +458,11 @@ def providers(args: argparse.Namespace, cluster: Cluster, cloud: Provider) -> li
             KubeEventProvider(
                 feeds=[cluster.event_feed(r) for r in sorted(args.kube_event_reasons)],
                 lead=timedelta(seconds=args.kube_pod_lead),
+                clock=clock,
             )
         )
     if args.kube_pod_conditions:
-        found.append(KubePodProvider(lead=timedelta(seconds=args.kube_pod_lead)))
+        found.append(KubePodProvider(lead=timedelta(seconds=args.kube_pod_lead), clock=clock))
     return found
 
 
@@ -481,17 +496,20 @@ def agent_settings(args: argparse.Namespace) -> AgentSettings:
     )
 
 
-def build_agent(args: argparse.Namespace, cluster: Cluster, cloud: Provider) -> Agent:
-    """The agent the flags describe, complete."""
+def build_agent(
+    args: argparse.Namespace, cluster: Cluster, cloud: Provider, clock: Clock = wall_clock
+) -> Agent:
+    """The agent the flags describe, complete; taking deadlines by ``clock``."""
     pod_cache = None
     if args.state_dir:
         pod_cache = PodCache(Path(args.state_dir) / FILENAME, args.node_name)
-    found = providers(args, cluster, cloud)
+    found = providers(args, cluster, cloud, clock)
     agent = Agent(
         cluster,
         found,
         node_name=args.node_name,
         settings=agent_settings(args),
+        clock=clock,
         pod_cache=pod_cache,
         webhook=Webhook(args.webhook_url) if args.webhook_url else None,
         gpu=gpu_options(args),
@@ -504,6 +522,16 @@ def build_agent(args: argparse.Namespace, cluster: Cluster, cloud: Provider) -> 
         elif isinstance(provider, KubePodProvider):
             provider.pods = agent.store.pods
     return agent
+
+
+def clock_check() -> clock.ClockCheck:
+    """The agent's clock: the local one (shifted by the test hook ``SHOAL_TEST_CLOCK_OFFSET``
+    when set, see :mod:`nodeagent.clock`), corrected by the measured offset."""
+    shift = clock.injected_offset()
+    if not shift:
+        return clock.ClockCheck()
+    log.warning("test_clock_offset", env=clock.TEST_OFFSET_ENV, seconds=shift)
+    return clock.ClockCheck(lambda: time.time() + shift)
 
 
 async def _until_signalled() -> None:
@@ -520,6 +548,7 @@ async def run(args: argparse.Namespace) -> int:
     provider_name = args.provider
     if provider_name == "auto":
         provider_name = await select.detect(args.metadata_url)
+    clocks = clock_check()
     cloud = select.build(
         provider_name,
         metadata_url=args.metadata_url,
@@ -527,13 +556,29 @@ async def run(args: argparse.Namespace) -> int:
         timeout=args.metadata_timeout,
         azure_vm_name=args.azure_vm_name,
         aws_lifecycle_lead=args.aws_lifecycle_lead,
+        clock=clocks.now,
+        local=clocks.local,
+        on_date=clocks.probe(clock.METADATA),
     )
-    cluster = Cluster.connect(args.kubeconfig, args.node_name, dry_run=args.dry_run)
-    agent = build_agent(args, cluster, cloud)
-    grpc_server = await serve(agent.board.service, args.socket, socket_limits(args))
+    cluster = Cluster.connect(
+        args.kubeconfig,
+        args.node_name,
+        dry_run=args.dry_run,
+        local=clocks.local,
+        on_date=clocks.probe(clock.APISERVER),
+        wall=clocks.timestamp,
+    )
+    agent = build_agent(args, cluster, cloud, clocks.now)
+    skew = clock.SkewWatch(clocks, agent.metrics, cluster.warn_node, threshold=args.clock_skew_warn)
+    grpc_server = await serve(
+        agent.board.service, args.socket, socket_limits(args), metrics=agent.metrics
+    )
     host, port = args.listen
-    runner, bound = await health.serve(agent.reports, host, port, status_pods=args.status_pods)
+    runner, bound = await health.serve(
+        agent.reports, host, port, status_pods=args.status_pods, notice_socket=grpc_server
+    )
     agent.start()
+    agent.guard.run("clock", skew.run)
     log.info(
         "agent_started",
         node=args.node_name,

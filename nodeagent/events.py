@@ -7,8 +7,9 @@ Kubernetes adapter turns pod objects into :class:`Pod`; :mod:`nodeagent.store` d
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import NewType
 
@@ -162,12 +163,45 @@ class WithdrawPod:
 
 
 @dataclass(frozen=True, slots=True)
+class Late:
+    """A notice that reached the agent with less time than the eviction margin: first ``seen``
+    at a moment when its ``deadline`` was less than ``margin`` away, or already gone. Its pods
+    are evicted at once (never deleted first: the Eviction API's ``DisruptionTarget`` condition
+    is what a Job's ``podFailurePolicy`` reads), and the pod's Event says why."""
+
+    notice: Notice
+    seen: datetime
+    margin: timedelta
+
+    @property
+    def passed(self) -> bool:
+        return self.seen >= self.notice.deadline
+
+    def message(self) -> str:
+        """What the pod's Event says: how late the notice came, and what the agent did."""
+        n = self.notice
+        what = f"{n.source} {n.kind.value} ({n.reason}, event {n.event_id})"
+        if self.passed:
+            return (
+                f"The deadline {rfc3339(n.deadline)} had passed when the agent saw it "
+                f"({rfc3339(self.seen)}): {what}; evicted at once"
+            )
+        left = math.floor((n.deadline - self.seen).total_seconds())
+        return (
+            f"Only {left} s left, less than the {self.margin.total_seconds():g} s margin, when "
+            f"the agent saw the notice (leave by {rfc3339(n.deadline)}): {what}; evicted at once"
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class EvictPod:
-    """Evict through the Eviction API (PDBs respected). ``why``: acknowledged or deadline."""
+    """Evict through the Eviction API (PDBs respected). ``why``: acknowledged, deadline or
+    drain; ``late`` when the notice came with less time than the margin (said on the pod)."""
 
     pod: Pod
     notice: Notice
     why: str
+    late: Late | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,9 @@ acknowledged on a dry run. A pod the scheduler reclaims (``shoal.dev/reclaimed-f
 scheduler's ``shoal.dev/leave-by``: the agent tells its watches but never writes or clears that
 annotation, so the scheduler's eviction time stays as the scheduler wrote it. A pod told of a
 notice that gives it less time than its checkpoint takes (``shoal.dev/checkpoint-seconds``) gets
-a log line and a Warning Event saying so (:func:`nodeagent.store.short_notice`).
+a log line and a Warning Event saying so (:func:`nodeagent.store.short_notice`). A pod evicted
+under a notice that came with less time than the evict margin, or past its deadline
+(:class:`~nodeagent.events.Late`), gets a log line and a Warning Event saying how late it came.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from nodeagent.events import (
     Action,
     DeletePod,
     EvictPod,
+    Late,
     Notice,
     NotifyPod,
     Pod,
@@ -49,6 +52,8 @@ log = structlog.get_logger("nodeagent")
 
 #: The reason of the Event on a pod whose notice is shorter than its checkpoint.
 SHORT_NOTICE_REASON = "NoticeShorterThanCheckpoint"
+#: The reason of the Event on a pod evicted at once because its notice came too late.
+LATE_NOTICE_REASON = "LateNotice"
 
 
 def target(action: Action) -> str:
@@ -155,8 +160,11 @@ class Executor:
                 if pod.reclaimed_for is None:
                     await write(cluster.clear_pod, pod)
                 return True
-            case EvictPod(pod=pod, why=why):
-                return await write(cluster.evict, pod, why)
+            case EvictPod(pod=pod, why=why, late=late):
+                evicted = await write(cluster.evict, pod, why)
+                if evicted and late is not None:
+                    await self._say_late(pod, late)
+                return evicted
             case DeletePod(pod=pod):
                 return await write(cluster.delete, pod, self._delete_grace)
             case AckUpstream(notice=notice):
@@ -189,6 +197,22 @@ class Executor:
         except Exception as exc:  # the pod was told: its notice is not sent again for this
             error = str(exc) or type(exc).__name__
             log.warning("event_not_recorded", reason=SHORT_NOTICE_REASON, error=error)
+
+    async def _say_late(self, pod: Pod, late: Late) -> None:
+        """A log line and a Warning Event on a pod evicted at once under a late notice."""
+        log.warning(
+            "late_notice_evicted",
+            pod=pod.key,
+            event_id=late.notice.event_id,
+            deadline=rfc3339(late.notice.deadline),
+            seen=rfc3339(late.seen),
+            passed=late.passed,
+        )
+        try:
+            await self._calls.write(self._cluster.warn_pod, pod, LATE_NOTICE_REASON, late.message())
+        except Exception as exc:  # the eviction stands: it is not repeated for this
+            error = str(exc) or type(exc).__name__
+            log.warning("event_not_recorded", reason=LATE_NOTICE_REASON, error=error)
 
     async def _acknowledge_upstream(self, notice: Notice) -> bool:
         if self._cluster.dry_run:

@@ -55,3 +55,28 @@ class Metrics:
         )
         self.active = Gauge("shoal_agent_active_notices", "Live notices.", registry=r)
         self.watchers = Gauge("shoal_agent_watchers", "Open worker notice watches.", registry=r)
+        self.clock_offset = Gauge(
+            "shoal_agent_clock_offset_seconds",
+            "The reference's clock minus this node's, as measured from its answers' Date headers "
+            "(apiserver, metadata).",
+            ["reference"],
+            registry=r,
+        )
+        self.clock_skew_warnings = Counter(
+            "shoal_agent_clock_skew_warnings",
+            "Warnings that this node's clock is off by more than the threshold.",
+            ["reference"],
+            registry=r,
+        )
+        self.socket_recreated = Counter(
+            "shoal_agent_socket_recreated",
+            "Times the notice socket was found removed (removed) or another file in its place "
+            "(replaced), and served again.",
+            ["reason"],
+            registry=r,
+        )
+        self.socket_serving = Gauge(
+            "shoal_agent_socket_serving",
+            "1 while new workers can connect to the notice socket at its path, else 0.",
+            registry=r,
+        )

@@ -5,7 +5,17 @@ State machine of a pod under notice (one per pod uid)::
     seen --NotifyPod--> notified --ack or deadline-evict_margin--> EvictPod --accepted--> evicted
                            |                                          | refused (PDB): retry
                            +--notice withdrawn--> WithdrawPod --> seen
-    any of notified/evicted --deadline-delete_margin--> DeletePod (last resort, once)
+    evict refused, or accepted before deadline-delete_margin --deadline-delete_margin-->
+        DeletePod (last resort, once)
+
+A notice first seen with less time than ``evict_margin`` (or past its deadline) is late: its pods
+are evicted as soon as they are told, each :class:`~nodeagent.events.EvictPod` carrying a
+:class:`~nodeagent.events.Late` the pod's Event words. A delete never comes first: only an
+eviction refused (after ``evict_retry``) or accepted before the delete margin is followed by one,
+so every pod gets the Eviction API's ``DisruptionTarget`` condition when it can.
+
+``now`` is always the corrected clock's: deadlines from cloud metadata are absolute, real times,
+so the caller adds its clock's measured offset (:mod:`nodeagent.clock`) before asking.
 
 Notices come in as complete observations per channel (:meth:`Store.observe`): an id seen before
 is the same notice (deduplicated; its deadline may only move earlier), an id missing from a
@@ -45,6 +55,7 @@ from nodeagent.events import (
     EventId,
     EvictPod,
     Kind,
+    Late,
     Notice,
     NotifyPod,
     Pod,
@@ -433,13 +444,40 @@ class Store:
         self, st: _PodState, governing: Notice, workers_left: set[EventId], now: datetime
     ) -> PodAction | None:
         """What is due for a pod told of ``governing``: evicted, deleted as a last resort."""
-        if now >= governing.deadline - self.settings.delete_margin:
-            delete = not st.deleted and self._retry_ok(st.delete_attempted_at, now)
-            return DeletePod(st.pod, governing) if delete else None
+        if now >= governing.deadline - self.settings.delete_margin and self._last_resort(
+            st, governing, now
+        ):
+            return DeletePod(st.pod, governing)
         if st.out() or not self._retry_ok(st.evict_attempted_at, now):
             return None
         why = self._evict_reason(st, governing, governing.event_id in workers_left, now)
-        return None if why is None else EvictPod(st.pod, governing, why)
+        return None if why is None else EvictPod(st.pod, governing, why, self.late(governing))
+
+    def _last_resort(self, st: _PodState, governing: Notice, now: datetime) -> bool:
+        """At the delete margin a pod still there is deleted with a short grace period, once
+        the Eviction API had its chance: after an eviction refused (and ``evict_retry``), or to
+        shorten the grace of one accepted before the margin (or of a pod deleted by someone
+        else). A pod not evicted yet is evicted first, even past the deadline."""
+        if st.deleted or not self._retry_ok(st.delete_attempted_at, now):
+            return False
+        attempted = st.evict_attempted_at
+        if attempted is None:
+            return st.pod.leaving
+        if st.evicted:
+            return attempted < governing.deadline - self.settings.delete_margin
+        return self._retry_ok(attempted, now)
+
+    def late(self, notice: Notice) -> Late | None:
+        """How late ``notice`` came, when it was first seen with less than the evict margin
+        left (or none at all); None for a notice seen in time, and for the scheduler's reclaim
+        (its leave-by is the scheduler's to keep)."""
+        tracked = self._notices.get(notice.event_id)
+        if tracked is None or notice.reclaim:
+            return None
+        margin = self.settings.evict_margin
+        if tracked.first_seen > notice.deadline - margin:
+            return Late(notice=notice, seen=tracked.first_seen, margin=margin)
+        return None
 
     def _reclaim_due(self, st: _PodState, governing: Notice, now: datetime) -> PodAction | None:
         """Under the scheduler's reclaim a pod is evicted by the agent only once its worker

@@ -37,6 +37,10 @@ from nodeagent.events import (
 )
 from nodeagent.k8s.transport import Stream, Transport, connect
 
+#: Told of each answer: when the request was sent and its answer received (the local clock,
+#: seconds since the epoch) and the answer's ``Date`` header (see :mod:`nodeagent.clock`).
+DateProbe = Callable[[float, float, str | None], None]
+
 log = structlog.get_logger("nodeagent.k8s")
 
 COMPONENT = "shoal-nodeagent"
@@ -327,13 +331,27 @@ class Cluster:
     transport: Transport
     node_name: str
     dry_run: bool = False
+    #: The local clock the answers' ``Date`` headers are measured against, and who is told.
+    local: Callable[[], float] = time.time
+    on_date: DateProbe | None = None
+    #: The clock Events are stamped with (the corrected one, :mod:`nodeagent.clock`).
+    wall: Callable[[], float] = time.time
     _last_ok: float = field(default=0.0, init=False)
     #: How many watches the API server is answering now.
     _watches_open: int = field(default=0, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     @classmethod
-    def connect(cls, kubeconfig: str | None, node_name: str, *, dry_run: bool) -> Cluster:
+    def connect(
+        cls,
+        kubeconfig: str | None,
+        node_name: str,
+        *,
+        dry_run: bool,
+        local: Callable[[], float] = time.time,
+        on_date: DateProbe | None = None,
+        wall: Callable[[], float] = time.time,
+    ) -> Cluster:
         """From a kubeconfig file, or the pod's service account when ``kubeconfig`` is None."""
 
         def fallback(why: str) -> None:
@@ -343,6 +361,9 @@ class Cluster:
             transport=connect(kubeconfig, on_fallback=fallback),
             node_name=node_name,
             dry_run=dry_run,
+            local=local,
+            on_date=on_date,
+            wall=wall,
         )
 
     @property
@@ -411,11 +432,14 @@ class Cluster:
         params = dict(query or {})
         if self.dry_run and method != "GET":
             params["dryRun"] = "All"
+        sent = self.local()
         try:
             answer = self.transport.request(method, path, params, body, content_type)
         except (HTTPError, OSError) as exc:
             raise ApiError(f"{what}: API server unreachable: {exc}") from exc
         self.last_ok = time.monotonic()
+        if self.on_date is not None:
+            self.on_date(sent, self.local(), answer.date)
         if answer.status >= 400:
             detail = answer.body.decode("utf-8", "replace")[:300]
             raise ApiStatus(f"{what}: HTTP {answer.status}: {detail}", answer.status, answer.reason)
@@ -533,13 +557,13 @@ class Cluster:
         }
         if not self._patch_pod(name, namespace, body):
             return False
-        self.event(
-            self._pod_ref(pod),
-            "LeaveBy",
-            f"Checkpoint and leave by {rfc3339(notice.deadline)}: {notice.source} "
-            f"{notice.kind.value} ({notice.reason}, event {notice.event_id})",
-            "Warning",
-        )
+        what = f"{notice.source} {notice.kind.value} ({notice.reason}, event {notice.event_id})"
+        deadline = rfc3339(notice.deadline)
+        if notice.deadline.timestamp() <= self.wall():
+            message = f"Leave now: the deadline {deadline} had passed when the pod was told: {what}"
+        else:
+            message = f"Checkpoint and leave by {deadline}: {what}"
+        self.event(self._pod_ref(pod), "LeaveBy", message, "Warning")
         log.info(
             "pod_notified",
             pod=pod.key,
@@ -552,6 +576,15 @@ class Cluster:
     def warn_pod(self, pod: Pod, reason: str, message: str) -> None:
         """A Warning Event on the pod; a failure is logged, never raised."""
         self.event(self._pod_ref(pod), reason, message, "Warning")
+
+    def warn_node(self, reason: str, message: str) -> None:
+        """A Warning Event on this node; a failure is logged, never raised."""
+        try:
+            node = self.request("read node", "GET", self._node_path)
+        except ApiError as exc:
+            log.warning("event_not_recorded", reason=reason, error=str(exc))
+            return
+        self.event(self._node_ref(node["metadata"]["uid"]), reason, message, "Warning")
 
     def clear_pod(self, pod: Pod) -> bool:
         namespace, name = pod.key.split("/", 1)
@@ -638,7 +671,7 @@ class Cluster:
         """Record a Kubernetes Event; a failure here is logged, never raised."""
         namespace = involved.get("namespace") or "default"
         by = EventSource(COMPONENT, self.node_name, host=self.node_name)
-        body = event_body(involved, kind, reason, message, by=by, now=time.time())
+        body = event_body(involved, kind, reason, message, by=by, now=self.wall())
         try:
             self.request(
                 "create event", "POST", f"/api/v1/namespaces/{namespace}/events", body=body

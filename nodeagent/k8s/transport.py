@@ -53,6 +53,8 @@ class Answer:
     status: int
     reason: str
     body: bytes
+    #: The answer's ``Date`` header (the API server's clock, whole seconds), when it had one.
+    date: str | None = None
 
 
 class Transport(Protocol):
@@ -183,7 +185,8 @@ class DirectTransport:
             timeout=urllib3.Timeout(total=self.timeout),
             redirect=False,
         )
-        return Answer(status=resp.status, reason=resp.reason or "", body=resp.data)
+        date = resp.headers.get("Date")
+        return Answer(status=resp.status, reason=resp.reason or "", body=resp.data, date=date)
 
     def close(self) -> None:
         self._pool.clear()
@@ -207,7 +210,14 @@ class ClientTransport:
             auth_settings=["BearerToken"],
         )
         resp = self.api.call_api(method, url, header_params=headers, body=data, _request_timeout=30)
-        return Answer(status=resp.status, reason=resp.reason or "", body=resp.read() or b"")
+        getheader = getattr(resp, "getheader", None)
+        date = getheader("Date") if callable(getheader) else None
+        return Answer(
+            status=resp.status,
+            reason=resp.reason or "",
+            body=resp.read() or b"",
+            date=date if isinstance(date, str) else None,
+        )
 
     def stream(self, path: str, query: dict[str, str], read_timeout: float) -> Stream:
         _method, url, headers, _data, _post = self.api.param_serialize(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -126,11 +127,19 @@ class Response:
     body: str
 
 
+#: Told of each answer: sent and received on the local clock (seconds since the epoch) and the
+#: answer's ``Date`` header (see :mod:`nodeagent.clock`).
+DateProbe = Callable[[float, float, str | None], None]
+
+
 @dataclass(slots=True)
 class Http:
-    """A small HTTP client for metadata servers: bounded time, bounded body, typed faults."""
+    """A small HTTP client for metadata servers: bounded time, bounded body, typed faults.
+    ``on_date`` is told of every answer's ``Date`` header (the metadata server's clock)."""
 
     settings: HttpSettings
+    local: Callable[[], float] = time.time
+    on_date: DateProbe | None = None
     _session: aiohttp.ClientSession | None = field(default=None, init=False)
 
     def _client(self) -> aiohttp.ClientSession:
@@ -154,6 +163,7 @@ class Http:
         url = self.settings.base_url.rstrip("/") + path
         limit = self.settings.max_body
         seconds = self.settings.timeout if time_limit is None else time_limit
+        sent = self.local()
         try:
             async with self._client().request(
                 method,
@@ -164,6 +174,8 @@ class Http:
                 timeout=aiohttp.ClientTimeout(total=seconds),
                 allow_redirects=False,
             ) as resp:
+                if self.on_date is not None:
+                    self.on_date(sent, self.local(), resp.headers.get("Date"))
                 if resp.content_length is not None and resp.content_length > limit:
                     raise TooLarge(f"{method} {path}: {resp.content_length} bytes > {limit}")
                 chunks: list[bytes] = []

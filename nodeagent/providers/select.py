@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -12,7 +14,16 @@ import structlog
 
 from nodeagent.events import Notice
 from nodeagent.providers import alibaba, aws, azure, gcp
-from nodeagent.providers.base import Http, HttpSettings, Provider, ProviderError, Sink
+from nodeagent.providers.base import (
+    Clock,
+    DateProbe,
+    Http,
+    HttpSettings,
+    Provider,
+    ProviderError,
+    Sink,
+    wall_clock,
+)
 
 log = structlog.get_logger("nodeagent.providers")
 
@@ -53,30 +64,41 @@ def build(
     timeout: float = 2.0,
     azure_vm_name: str | None = None,
     aws_lifecycle_lead: float | None = None,
+    clock: Clock = wall_clock,
+    local: Callable[[], float] = time.time,
+    on_date: DateProbe | None = None,
 ) -> Provider:
     """The provider called ``name`` (not ``auto``). ``metadata_url`` is the server's root
-    (``http://host:port``), for every cloud alike."""
+    (``http://host:port``), for every cloud alike. ``clock`` is what deadlines are taken by
+    (the corrected clock, :mod:`nodeagent.clock`); ``on_date`` is told of each answer's
+    ``Date`` header, measured on the ``local`` clock."""
 
     def settings(default: str, suffix: str = "") -> HttpSettings:
         base = metadata_url.rstrip("/") + suffix if metadata_url else default
         return HttpSettings(base, interval=interval, timeout=timeout)
 
+    cloud: aws.AwsProvider | gcp.GcpProvider | azure.AzureProvider | alibaba.AlibabaProvider
     if name == "aws":
         lead = (
             aws.LIFECYCLE_LEAD
             if aws_lifecycle_lead is None
             else timedelta(seconds=aws_lifecycle_lead)
         )
-        return aws.AwsProvider(settings=settings(aws.DEFAULT_URL), lifecycle_lead=lead)
-    if name == "gcp":
-        return gcp.GcpProvider(settings=settings(gcp.DEFAULT_URL, gcp.PATH))
-    if name == "azure":
-        return azure.AzureProvider(settings=settings(azure.DEFAULT_URL), vm_name=azure_vm_name)
-    if name == "alibaba":
-        return alibaba.AlibabaProvider(settings=settings(alibaba.DEFAULT_URL))
-    if name == "none":
+        cloud = aws.AwsProvider(settings=settings(aws.DEFAULT_URL), lifecycle_lead=lead)
+    elif name == "gcp":
+        cloud = gcp.GcpProvider(settings=settings(gcp.DEFAULT_URL, gcp.PATH))
+    elif name == "azure":
+        cloud = azure.AzureProvider(settings=settings(azure.DEFAULT_URL), vm_name=azure_vm_name)
+    elif name == "alibaba":
+        cloud = alibaba.AlibabaProvider(settings=settings(alibaba.DEFAULT_URL))
+    elif name == "none":
         return NoProvider()
-    raise ValueError(f"unknown provider {name!r}; choose one of {', '.join(NAMES)}")
+    else:
+        raise ValueError(f"unknown provider {name!r}; choose one of {', '.join(NAMES)}")
+    cloud.clock = clock
+    cloud.http.local = local
+    cloud.http.on_date = on_date
+    return cloud
 
 
 def from_dmi(dmi_dir: Path = Path("/sys/class/dmi/id")) -> str | None:
