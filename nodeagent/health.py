@@ -1,7 +1,8 @@
 """HTTP endpoints (aiohttp, embedded with ``AppRunner``): /healthz, /readyz, /metrics, /status.
 
-What they serve comes from :class:`Endpoints` (the agent's :class:`nodeagent.reports.Reports`);
-this module only speaks HTTP and decides who may see pod names.
+What they serve comes from :class:`Endpoints` (the agent's :class:`nodeagent.reports.Reports`)
+and, for /healthz and /readyz, :class:`NoticeSocket` (whether new workers can connect); this
+module only speaks HTTP and decides who may see pod names.
 """
 
 from __future__ import annotations
@@ -34,7 +35,15 @@ class Endpoints(Protocol):
         """``/status``, with every pod name (hidden here from callers off the node)."""
 
 
+class NoticeSocket(Protocol):
+    """The notice socket (:class:`nodeagent.notify.server.NoticeServer`): whether new workers
+    can connect to it, and why not."""
+
+    def live(self) -> tuple[bool, dict[str, Any]]: ...
+
+
 ENDPOINTS = web.AppKey[Endpoints]("endpoints")
+SOCKET = web.AppKey[NoticeSocket | None]("notice_socket")
 STATUS_PODS = web.AppKey("status_pods", bool)
 
 
@@ -42,12 +51,23 @@ def _answer(ok: bool, detail: dict[str, Any]) -> web.Response:
     return web.json_response({"ok": ok, **detail}, status=200 if ok else 503)
 
 
+def _with_socket(request: web.Request, ok: bool, detail: dict[str, Any]) -> web.Response:
+    """An agent no new worker can reach is neither live nor ready: a restart serves the socket
+    again (its folder mounted anew)."""
+    notice_socket = request.app[SOCKET]
+    if notice_socket is not None:
+        socket_ok, socket_detail = notice_socket.live()
+        ok = ok and socket_ok
+        detail = {**detail, "notice_socket": socket_detail}
+    return _answer(ok, detail)
+
+
 async def _healthz(request: web.Request) -> web.Response:
-    return _answer(*request.app[ENDPOINTS].live())
+    return _with_socket(request, *request.app[ENDPOINTS].live())
 
 
 async def _readyz(request: web.Request) -> web.Response:
-    return _answer(*request.app[ENDPOINTS].ready())
+    return _with_socket(request, *request.app[ENDPOINTS].ready())
 
 
 def _from_loopback(request: web.Request) -> bool:
@@ -96,9 +116,12 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def app(endpoints: Endpoints, *, status_pods: bool = False) -> web.Application:
+def app(
+    endpoints: Endpoints, *, status_pods: bool = False, notice_socket: NoticeSocket | None = None
+) -> web.Application:
     application = web.Application()
     application[ENDPOINTS] = endpoints
+    application[SOCKET] = notice_socket
     application[STATUS_PODS] = status_pods
     application.router.add_get("/healthz", _healthz)
     application.router.add_get("/readyz", _readyz)
@@ -108,11 +131,18 @@ def app(endpoints: Endpoints, *, status_pods: bool = False) -> web.Application:
 
 
 async def serve(
-    endpoints: Endpoints, host: str, port: int, *, status_pods: bool = False
+    endpoints: Endpoints,
+    host: str,
+    port: int,
+    *,
+    status_pods: bool = False,
+    notice_socket: NoticeSocket | None = None,
 ) -> tuple[web.AppRunner, int]:
     """Start the endpoints; returns the runner (to clean up) and the bound port. ``/status``
-    lists the pods to loopback callers only, unless ``status_pods``."""
-    runner = web.AppRunner(app(endpoints, status_pods=status_pods), access_log=None)
+    lists the pods to loopback callers only, unless ``status_pods``; ``/healthz`` and
+    ``/readyz`` fail while ``notice_socket`` cannot be served."""
+    application = app(endpoints, status_pods=status_pods, notice_socket=notice_socket)
+    runner = web.AppRunner(application, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

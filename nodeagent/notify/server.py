@@ -23,7 +23,7 @@ import ctypes.util
 import os
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Protocol, TypeVar
 
@@ -32,8 +32,10 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from nodeagent.events import Notice, PodKey, PodUid, rfc3339
+from nodeagent.metrics import Metrics
 from nodeagent.notify import notices_pb2 as pb
 from nodeagent.notify import rpc
+from nodeagent.notify.socketfile import Change, FileId, Folder, can_bind, change, clear, listening
 from nodeagent.store import AckOutcome
 
 log = structlog.get_logger("nodeagent.notify")
@@ -166,6 +168,25 @@ _LIBC: Final = _libc()
 _BEHIND: Final = pb.Notice()
 
 
+@dataclass(slots=True)
+class Calls:
+    """The calls one gRPC server has open, and since when it has had none (monotonic)."""
+
+    open: int = 0
+    quiet_since: float = field(default_factory=time.monotonic)
+
+    def began(self) -> None:
+        self.open += 1
+
+    def ended(self) -> None:
+        self.open -= 1
+        self.quiet_since = time.monotonic()
+
+    def quiet_for(self, now: float) -> float:
+        """Seconds without a call open (0 while one is)."""
+        return 0.0 if self.open else now - self.quiet_since
+
+
 class NoticeService(rpc.NoticesServicer):  # type: ignore[misc]
     def __init__(self, board: Board, limits: SocketLimits | None = None) -> None:
         self._board = board
@@ -289,26 +310,37 @@ class NoticeService(rpc.NoticesServicer):  # type: ignore[misc]
         request = await _decode(pb.AcknowledgeRequest, data, context)
         return await self.Acknowledge(request, context)
 
-    def handler(self) -> Any:
+    def handler(self, calls: Calls | None = None) -> Any:
         """The service's methods, taking the request as bytes so that the service, not gRPC,
-        decides how to refuse one that does not decode."""
+        decides how to refuse one that does not decode; ``calls`` counts those of one server."""
+        counted = calls or Calls()
+
+        async def watch(data: bytes, context: Any) -> AsyncIterator[pb.Notice]:
+            counted.began()
+            try:
+                async for notice in self._watch(data, context):
+                    yield notice
+            finally:
+                counted.ended()
+
+        async def acknowledge(data: bytes, context: Any) -> pb.AcknowledgeReply:
+            counted.began()
+            try:
+                return await self._acknowledge(data, context)
+            finally:
+                counted.ended()
+
         return grpc.method_handlers_generic_handler(
             "shoal.v1.Notices",
             {
                 "Watch": grpc.unary_stream_rpc_method_handler(
-                    self._watch, response_serializer=pb.Notice.SerializeToString
+                    watch, response_serializer=pb.Notice.SerializeToString
                 ),
                 "Acknowledge": grpc.unary_unary_rpc_method_handler(
-                    self._acknowledge, response_serializer=pb.AcknowledgeReply.SerializeToString
+                    acknowledge, response_serializer=pb.AcknowledgeReply.SerializeToString
                 ),
             },
         )
-
-
-def _clear(path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
 
 
 def server_options(limits: SocketLimits) -> list[tuple[str, int]]:
@@ -330,36 +362,219 @@ def server_options(limits: SocketLimits) -> list[tuple[str, int]]:
     ]
 
 
-class NoticeServer:
-    """The running gRPC server, and the task that hands memory back after a burst of calls."""
+#: Seconds between checks that the socket path still holds the socket the agent serves.
+CHECK_EVERY: Final = 1.0
 
-    def __init__(self, server: Any, trimmer: asyncio.Task[None]) -> None:
-        self.server = server
-        self._trimmer = trimmer
+
+@dataclass(slots=True)
+class _Bound:
+    """One gRPC server on the socket path, and the socket file it made."""
+
+    server: Any
+    file: FileId | None
+    calls: Calls
+
+
+class NoticeServer:
+    """The Notices service on its unix socket, kept served at that path.
+
+    Every :data:`CHECK_EVERY` seconds the path is checked (:func:`socketfile.change`)::
+
+        serving --path removed, or another file there--> folder made again as at start-up,
+                    a new server bound at the path (logged, counted) --> serving
+        serving --the new bind fails, or another process listens at the path--> unserved
+        unserved --/healthz fails with the reason; checked again each second--> serving
+
+    A server whose socket is gone keeps its connections: workers connected before the socket
+    was removed keep hearing notices through it. Once it has had no call open for longer than a
+    connection may stay idle (gRPC has closed every connection to it), it is stopped.
+    """
+
+    def __init__(
+        self,
+        service: NoticeService,
+        path: Path,
+        *,
+        metrics: Metrics | None = None,
+        check_every: float = CHECK_EVERY,
+    ) -> None:
+        self._service = service
+        self.path = path
+        self._metrics = metrics
+        self._check_every = check_every
+        self._folder: Folder | None = None
+        #: Servers whose socket is gone, oldest first, until their connections have closed.
+        self._retiring: list[_Bound] = []
+        self._current: _Bound | None = None
+        self.problem: str | None = None
+        self.recreated = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._checking = asyncio.Lock()
+        self._binds = 0
+
+    async def start(self) -> None:
+        """Serve at the path (a stale socket file there is replaced); raises when it cannot."""
+        self._folder = Folder.made(self.path.parent)
+        self._current = await self._bind()
+        self._serving(ok=True)
+        self._tasks = [
+            asyncio.create_task(self._service.trim_after_calls()),
+            asyncio.create_task(self._keep(), name="nodeagent-notice-socket"),
+        ]
+
+    async def _bind(self) -> _Bound:
+        """A new server, bound under a name of its own and then renamed to the path: the path
+        never lacks a socket, and since gRPC removes the socket file under the name it bound
+        when a server stops, stopping a replaced server leaves the path alone."""
+        limits = self._service.limits
+        self._binds += 1
+        bound_at = self.path.with_name(f".{self.path.name}.{self._binds}")
+        clear(bound_at)
+        can_bind(bound_at)
+        calls = Calls()
+        server = grpc.aio.server(
+            options=server_options(limits), maximum_concurrent_rpcs=limits.watches + OTHER_CALLS
+        )
+        server.add_generic_rpc_handlers((self._service.handler(calls),))
+        server.add_insecure_port(f"unix:{bound_at}")
+        await server.start()
+        try:
+            # Pods run as other users: anyone who can reach the hostPath may connect; identity
+            # is checked per call.
+            os.chmod(bound_at, 0o666)  # noqa: S103
+            os.replace(bound_at, self.path)
+        except OSError:
+            await server.stop(0)
+            raise
+        return _Bound(server, FileId.at(self.path), calls)
+
+    async def _keep(self) -> None:
+        while True:
+            await asyncio.sleep(self._check_every)
+            try:
+                await self.check()
+            except Exception as exc:  # a fault here must show in /healthz, not end the checks
+                log.exception("notice_socket_check_failed", path=str(self.path))
+                self._unserved(f"the socket check failed: {exc!r}")
+
+    async def check(self, now: float | None = None) -> None:
+        """Serve the path again if its socket is gone; stop the servers nobody can reach any
+        more (``now``: monotonic seconds, the present when None)."""
+        async with self._checking:
+            await self._retire(time.monotonic() if now is None else now)
+            served = self._current.file if self._current is not None else None
+            what = change(served, FileId.at(self.path))
+            if what is None:
+                return
+            if what is Change.REPLACED and listening(self.path):
+                self._unserved(
+                    f"another process serves a socket at {self.path}; the agent does not take "
+                    "it back (is a second agent running on this node?)"
+                )
+                return
+            await self._serve_again(what)
+
+    async def _serve_again(self, what: Change) -> None:
+        assert self._folder is not None
+        try:
+            folder_made = self._folder.restore()
+            bound = await self._bind()
+        except (OSError, RuntimeError) as exc:
+            self._unserved(self._why_not(exc))
+            return
+        if self._current is not None:
+            self._retiring.append(self._current)
+        self._current = bound
+        self.recreated += 1
+        if self._metrics is not None:
+            self._metrics.socket_recreated.labels(what.value).inc()
+        log.warning(
+            "notice_socket_recreated",
+            path=str(self.path),
+            reason=what.value,
+            detail=_DETAIL[what],
+            folder_recreated=folder_made,
+            after_problem=self.problem,
+        )
+        self._serving(ok=True)
+
+    def _why_not(self, exc: BaseException) -> str:
+        assert self._folder is not None
+        cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        if self._folder.removed_under_mount():
+            return (
+                f"cannot serve {self.path} again: its folder was removed from the node while "
+                "mounted here; only a restart mounts it again"
+            )
+        return f"cannot serve {self.path} again: {cause}"
+
+    def _unserved(self, problem: str) -> None:
+        if problem != self.problem:
+            log.error("notice_socket_unserved", path=str(self.path), problem=problem)
+        self.problem = problem
+        self._serving(ok=False)
+
+    def _serving(self, *, ok: bool) -> None:
+        if ok:
+            self.problem = None
+        if self._metrics is not None:
+            self._metrics.socket_serving.set(1 if ok else 0)
+
+    async def _retire(self, now: float) -> None:
+        # Past this, gRPC has closed every connection with no call open (and a peer that never
+        # spoke HTTP/2): nothing can reach the server any more.
+        after = self._service.limits.idle_seconds + PING_TIMEOUT
+        done = [b for b in self._retiring if b.calls.quiet_for(now) > after]
+        for bound in done:
+            self._retiring.remove(bound)
+            await bound.server.stop(0)
+
+    def live(self) -> tuple[bool, dict[str, Any]]:
+        """For ``/healthz``: whether new workers can connect at the path, and why not."""
+        ended = [t for t in self._tasks if t.done()]
+        problem = self.problem
+        if ended and problem is None:
+            problem = "the socket check stopped"
+        return problem is None, {
+            "path": str(self.path),
+            "serving": problem is None,
+            "problem": problem,
+            "recreated": self.recreated,
+            "servers": len(self._retiring) + (self._current is not None),
+        }
 
     async def stop(self, grace: float | None) -> None:
-        self._trimmer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._trimmer
-        await self.server.stop(grace)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        bound = [*self._retiring, *([self._current] if self._current is not None else [])]
+        await asyncio.gather(*(b.server.stop(grace) for b in bound))
+        # Gone with the agent: a worker then finds no socket (and falls back to its leave-by
+        # file) rather than one nobody answers. Another's socket at the path is left.
+        if self._current is not None and FileId.at(self.path) == self._current.file:
+            clear(self.path)
+
+
+_DETAIL: Final = {
+    Change.REMOVED: "the socket file was removed (or its folder)",
+    Change.REPLACED: "another file took the socket's place",
+}
 
 
 async def serve(
-    service: NoticeService, socket_path: str, limits: SocketLimits | None = None
+    service: NoticeService,
+    socket_path: str,
+    limits: SocketLimits | None = None,
+    *,
+    metrics: Metrics | None = None,
+    check_every: float = CHECK_EVERY,
 ) -> NoticeServer:
-    """Start the service on a unix socket (a stale socket file is replaced)."""
+    """Start the service on a unix socket (a stale socket file is replaced) and keep it served
+    there (:class:`NoticeServer`)."""
     if limits is not None:
         service.limits = limits
-    path = Path(socket_path)
-    _clear(path)
-    server = grpc.aio.server(
-        options=server_options(service.limits),
-        maximum_concurrent_rpcs=service.limits.watches + OTHER_CALLS,
-    )
-    server.add_generic_rpc_handlers((service.handler(),))
-    server.add_insecure_port(f"unix:{path}")
+    server = NoticeServer(service, Path(socket_path), metrics=metrics, check_every=check_every)
     await server.start()
-    # Pods run as other users: anyone who can reach the hostPath may connect; identity is
-    # checked per call.
-    os.chmod(path, 0o666)  # noqa: S103
-    return NoticeServer(server, asyncio.create_task(service.trim_after_calls()))
+    return server
