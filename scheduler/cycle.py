@@ -13,6 +13,10 @@ The story of a cycle:
    pending members one at a time up to the maximum, preferring spot capacity.
 4. Reclaim: when a complete minimum does not fit, choose the fewest victims that make it fit
    (surplus first, see :mod:`scheduler.reclaim`) and the nodes to hold for the gang meanwhile.
+   Pods already asked to leave are never chosen again: their room counts as free (less the
+   room held for the gang they leave for), and a gang that fits in it waits for it. Gangs
+   waiting for the same room thus take it in turn order: the first one its victims' room, the
+   next its own victims, or the room that is left.
 
 The caller binds what the decision says (after assuming it in the cache) and reports the
 ``Unschedulable`` status to the gang's pods; it records success or failure in the queue.
@@ -190,27 +194,54 @@ def decide(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Leaving:
+    """What one gang's reclaim knows of the victims already asked to leave."""
+
+    #: How many were asked to leave for this gang and are still there.
+    own: int
+    #: Every victim still there, for any gang: never chosen again, their room counts as free.
+    spent: Collection[PodKey]
+    #: The room held for the other gangs (charged on ``snapshot`` already).
+    held: Sequence[tuple[NodeName, Resources]]
+
+
+def _waiting_for(decision: Decision, summary: str) -> Decision:
+    why = decision.unschedulable
+    assert why is not None
+    return replace(decision, unschedulable=Unschedulable(why.nodes_total, why.reasons, summary))
+
+
 def _reclaim(
-    decision: Decision, gangs: Sequence[Gang], snapshot: Snapshot, config: Config, leaving: int
+    decision: Decision,
+    gangs: Sequence[Gang],
+    snapshot: Snapshot,
+    config: Config,
+    leaving: _Leaving,
 ) -> Decision:
     gang = decision.gang
     assert decision.unschedulable is not None
-    if leaving:
-        why = decision.unschedulable
-        return replace(
+    if leaving.own:
+        return _waiting_for(
             decision,
-            unschedulable=Unschedulable(
-                why.nodes_total,
-                why.reasons,
-                f"waiting for {leaving} pod(s) asked to leave to make room for gang {gang.name};",
-            ),
+            f"waiting for {leaving.own} pod(s) asked to leave to make room for gang {gang.name};",
         )
     if not config.reclaim:
         return decision
     pods = list(gang.pending)[: gang.min_missing]
-    found = reclaim.plan(gang, gangs, snapshot, _request(gang, pods, config, surplus=False))
+    request = _request(gang, pods, config, surplus=False)
+    found = reclaim.plan(gang, gangs, snapshot, request, spent=leaving.spent, held=leaving.held)
     if found is None:
         return decision
+    if not found.victims:
+        nodes = {a.node for a in found.placement.assignments}
+        freeing = sum(
+            1 for key in leaving.spent if key in snapshot.pods and snapshot.pods[key].node in nodes
+        )
+        return _waiting_for(
+            decision,
+            f"waiting for the room {freeing} pod(s) asked to leave for other gangs will free;",
+        )
     return replace(decision, victims=found.victims, nominated=found.placement.assignments)
 
 
@@ -277,15 +308,19 @@ def run_cycle(
     *,
     reserved: Mapping[GangKey, Sequence[tuple[NodeName, Resources]]] | None = None,
     leaving: Mapping[GangKey, int] | None = None,
+    spent: Collection[PodKey] | None = None,
 ) -> Decision | None:
     """Decide for the first ready gang with work and record the outcome in ``queue``.
 
     ``reserved`` is room held for gangs whose victims are leaving (charged for every other
     gang); ``leaving`` counts, per gang, the victims asked to leave for it that are still there
-    (no new victims are chosen for such a gang). Returns ``None`` when no gang is ready at
-    ``now``.
+    (no new victims are chosen for such a gang); ``spent`` are all those victims, whatever
+    their gang (never chosen again; the room they free counts for the others). Returns
+    ``None`` when no gang is ready at ``now``.
     """
-    turn = decide_in_turn(gangs, queue, snapshot, now, config, reserved=reserved, leaving=leaving)
+    turn = decide_in_turn(
+        gangs, queue, snapshot, now, config, reserved=reserved, leaving=leaving, spent=spent
+    )
     return next(turn, None)
 
 
@@ -298,6 +333,7 @@ def decide_in_turn(
     *,
     reserved: Mapping[GangKey, Sequence[tuple[NodeName, Resources]]] | None = None,
     leaving: Mapping[GangKey, int] | None = None,
+    spent: Collection[PodKey] | None = None,
 ) -> Generator[Decision]:
     """``run_cycle`` for every ready gang in turn, lazily: each decision is made on the snapshot
     with the bindings of the decisions before it, and recorded in ``queue`` before it is
@@ -308,16 +344,17 @@ def decide_in_turn(
     """
     reserved = reserved or {}
     leaving = leaving or {}
+    spent = spent or ()
     working = [g for g in gangs if has_work(g)]
     decided: set[GangKey] = set()
     for gang in _in_turn(queue.ready(working, now)):
-        view = snapshot.with_reserved(
-            r for key, held in reserved.items() if key != gang.key for r in held
-        )
+        held = [r for key, room in reserved.items() if key != gang.key for r in room]
+        view = snapshot.with_reserved(held)
         try:
             decision = decide(gang, working, view, config, decided)
             if decision.unschedulable is not None and min_waiting(gang):
-                decision = _reclaim(decision, gangs, view, config, leaving.get(gang.key, 0))
+                known = _Leaving(leaving.get(gang.key, 0), spent, held)
+                decision = _reclaim(decision, gangs, view, config, known)
         except Exception as exc:  # one gang's fault must not stop the others
             decision = _faulted(gang, len(snapshot.nodes), exc)
         if decision.unschedulable is None and decision.progressed:

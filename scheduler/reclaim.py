@@ -10,16 +10,32 @@ Victims come in units, tried in this order:
 Units are added one at a time until the gang's minimum fits on the snapshot without them; then
 every unit that is not needed for the fit is dropped again (last added first), so the result is
 a set of victims none of which could be spared. Pods of other schedulers are never victims.
+
+Victims already asked to leave (*spent*, for this gang or another one) are never chosen again:
+the plan counts them as gone, with the room held for the gangs they leave for still charged
+(``held``), and a gang's minimum can never lean on the members they take from theirs. When
+that room alone is enough, the plan has no victims: the gang waits for it. Otherwise it adds
+units of its own as above.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from scheduler import topology
 from scheduler.cache import node_state
 from scheduler.cache.cache import Snapshot
-from scheduler.model import Gang, NodeName, NodeState, Placement, PodKey, PodRequest, Unschedulable
+from scheduler.model import (
+    Gang,
+    NodeName,
+    NodeState,
+    Placement,
+    PodKey,
+    PodRequest,
+    Resources,
+    Unschedulable,
+)
 from scheduler.placement import Request, filters, place
 
 #: Reclaim looks at no more units than this per attempt (bounded work per cycle).
@@ -28,20 +44,42 @@ MAX_UNITS = 256
 
 @dataclass(frozen=True, slots=True)
 class Plan:
+    #: New victims to ask to leave (none: the room spent victims will free is enough).
     victims: tuple[PodKey, ...]
     #: Where the gang's minimum goes once the victims have left (held for it until then).
     placement: Placement
 
 
-def plan(gang: Gang, gangs: Sequence[Gang], snapshot: Snapshot, request: Request) -> Plan | None:
-    """Victims that make ``request`` (the gang's minimum) fit, or ``None`` when none can."""
+def plan(
+    gang: Gang,
+    gangs: Sequence[Gang],
+    snapshot: Snapshot,
+    request: Request,
+    *,
+    spent: Collection[PodKey] = (),
+    held: Iterable[tuple[NodeName, Resources]] = (),
+) -> Plan | None:
+    """Victims that make ``request`` (the gang's minimum) fit, or ``None`` when none can.
+
+    ``spent`` are pods already asked to leave (never victims again, counted as gone);
+    ``held`` is the room ``snapshot`` already charges for other gangs, which stays charged
+    on the nodes that victims leave."""
     wanted = list(request.pods)
     if not wanted:
         return None
-    units = _units(gang, gangs, _useful_nodes(snapshot, wanted[0]))
+    spent = frozenset(spent)
+    useful = _useful_nodes(snapshot, wanted[0])
+    units = _units(gang, gangs, useful, spent)
+    freeing = {k for k in spent if k in snapshot.pods and snapshot.pods[k].node in useful}
+    if not units and not freeing:
+        return None
+    occupancy = _Occupancy.of(snapshot, freeing, held)
+    if freeing:
+        waits = place(request, occupancy.nodes_without(set()))
+        if isinstance(waits, Placement):
+            return Plan((), waits)
     if not units:
         return None
-    occupancy = _Occupancy.of(snapshot)
     fit = _add_until_fit(request, units, occupancy)
     if fit is None:
         return None
@@ -60,29 +98,55 @@ def _useful_nodes(snapshot: Snapshot, member: PodRequest) -> set[NodeName]:
 
 @dataclass(frozen=True, slots=True)
 class _Occupancy:
-    """The snapshot's nodes and the pods holding resources on each, to take victims off."""
+    """The snapshot's nodes and the pods holding resources on each, to take victims off; the
+    pods already leaving (``spent``) are always off, the room held on a node always on."""
 
     snapshot: Snapshot
     by_node: Mapping[NodeName, Sequence[PodRequest]]
+    spent: frozenset[PodKey]
+    held: Mapping[NodeName, Sequence[Resources]]
 
     @classmethod
-    def of(cls, snapshot: Snapshot) -> _Occupancy:
-        """Group the snapshot's bound pods that hold resources by node."""
+    def of(
+        cls,
+        snapshot: Snapshot,
+        spent: Collection[PodKey] = (),
+        held: Iterable[tuple[NodeName, Resources]] = (),
+    ) -> _Occupancy:
+        """Group the snapshot's bound pods that hold resources, and the held room, by node."""
         by_node: dict[NodeName, list[PodRequest]] = {}
         for pod in snapshot.pods.values():
             if pod.node is not None and pod.holds_resources:
                 by_node.setdefault(pod.node, []).append(pod)
-        return cls(snapshot, by_node)
+        leaving = frozenset(k for k in spent if k in snapshot.pods)
+        charged: dict[NodeName, list[Resources]] = {}
+        for name, amount in held:
+            charged.setdefault(name, []).append(amount)
+        return cls(snapshot, by_node, leaving, charged)
 
     def nodes_without(self, gone: set[PodKey]) -> Mapping[NodeName, NodeState]:
-        """Every node as it would be once the ``gone`` pods have left."""
+        """Every node as it would be once the ``gone`` and spent pods have left."""
+        gone = gone | self.spent
         nodes = dict(self.snapshot.nodes)
         touched = {self.snapshot.pods[k].node for k in gone if k in self.snapshot.pods}
         for name in touched:
             if name is not None and name in nodes:
                 staying = [p for p in self.by_node.get(name, []) if p.key not in gone]
-                nodes[name] = node_state(nodes[name].node, staying)
+                state = node_state(nodes[name].node, staying)
+                nodes[name] = _charged(state, self.held.get(name, ()))
         return nodes
+
+
+def _charged(state: NodeState, held: Sequence[Resources]) -> NodeState:
+    """``state`` with the room held on it charged again (as the snapshot's view does)."""
+    if not held:
+        return state
+    requested, islands = state.requested, state.islands
+    for amount in held:
+        requested = requested + amount
+        if islands is not None:
+            islands = topology.take(islands, amount.gpu)
+    return NodeState(state.node, requested, islands)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,13 +196,19 @@ def _drop_unneeded(
     return gone, found
 
 
-def _units(gang: Gang, gangs: Sequence[Gang], useful: set[NodeName]) -> list[tuple[PodKey, ...]]:
+def _units(
+    gang: Gang, gangs: Sequence[Gang], useful: set[NodeName], spent: Collection[PodKey]
+) -> list[tuple[PodKey, ...]]:
+    """Victim units in the order they are tried; a gang's spent members are gone already (they
+    are no unit, and its surplus is what stays above its minimum without them)."""
     surplus: list[tuple[int, float, PodKey]] = []
     whole: list[tuple[int, float, tuple[PodKey, ...]]] = []
     for other in gangs:
         if other.key == gang.key:
             continue
-        bound = [p for p in other.members if p.node is not None and not p.deleting]
+        bound = [
+            p for p in other.members if p.node is not None and not p.deleting and p.key not in spent
+        ]
         if not bound or not any(p.node in useful for p in bound):
             continue
         extra = len(bound) - other.min_member

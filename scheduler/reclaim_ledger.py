@@ -12,9 +12,13 @@ Per victim (a bound pod asked to leave so that a gang's minimum fits)::
     evicting --(evicted())--> evicted                       (waits to go; not evicted again)
     any --(pod gone, unbound or finished)--> forgotten
 
-A victim chosen again (for another gang) is asked again: its gang and ``evict_at`` are the new
-ones. Victims count as *leaving* for their gang until they are forgotten; the cycle chooses no
-new victims for a gang with some still leaving.
+A victim asked to leave is *spent* until it is forgotten: chosen again (for its own gang or
+another one) it is not asked again, and its gang and ``evict_at`` stay as they are, so its
+leave-by never moves later once set (two gangs that chose the same victim once asked it in
+turn, each for itself, pushing its leave-by on every cycle). Victims count as *leaving* for
+their gang until they are forgotten; the cycle chooses no new victims for a gang with some still
+leaving, and counts the room that every spent victim will free (less the room held for its
+gang) when it plans for another gang (:meth:`ReclaimLedger.spent`).
 
 Per gang that reclaimed, the room its minimum was nominated on is *held* (charged to every
 other gang) from ``chosen`` until the first of: the gang's decision places members
@@ -96,12 +100,30 @@ class ReclaimLedger:
         now: float,
     ) -> float:
         """``gang``'s minimum fits on ``room`` once ``victims`` leave: hold the room, ask them
-        to leave; returns the time they are evicted (their leave-by)."""
+        to leave; returns the time they are evicted (their leave-by).
+
+        Victims already spent (asked before, for any gang, and still there) are left as they
+        are: they are not asked again and keep their gang and leave-by. :meth:`ask` says which
+        victims were asked now."""
+        return self.ask(gang, victims, room, now)[1]
+
+    def ask(
+        self,
+        gang: GangKey,
+        victims: Iterable[PodKey],
+        room: Iterable[tuple[NodeName, Resources]],
+        now: float,
+    ) -> tuple[tuple[PodKey, ...], float]:
+        """:meth:`chosen`, also returning the victims asked to leave now (those not already
+        spent): only they get a leave-by (the time returned) and a word from the caller."""
         leave_by = now + self.grace
         self._held[gang] = Hold(tuple(room), leave_by + self.hold_extra)
+        asked: list[PodKey] = []
         for key in victims:
-            self._victims[key] = Victim(gang, leave_by)
-        return leave_by
+            if key not in self._victims:
+                self._victims[key] = Victim(gang, leave_by)
+                asked.append(key)
+        return tuple(asked), leave_by
 
     def placed(self, gang: GangKey) -> None:
         """``gang``'s decision placed members: the room held for it is theirs now."""
@@ -175,6 +197,11 @@ class ReclaimLedger:
         for victim in self._victims.values():
             counts[victim.gang] = counts.get(victim.gang, 0) + 1
         return counts
+
+    def spent(self) -> dict[PodKey, GangKey]:
+        """Victims asked to leave and still recorded, with the gang each leaves for: no gang
+        asks them again, and every gang's reclaim plan counts the room they will free."""
+        return {key: victim.gang for key, victim in self._victims.items()}
 
     def reserved(self) -> dict[GangKey, Room]:
         """The room held per gang (the cycle charges it to every other gang)."""

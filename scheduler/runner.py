@@ -293,6 +293,8 @@ class Runner:
         """Decide gangs in turn on the snapshot and carry out each decision, until one has
         victims or the batch is full; returns the first decision (``None``: none was ready)."""
         decide_started = time.perf_counter()
+        with self._lock:
+            spent = self.reclaims.spent()
         turn = decide_in_turn(
             gangs,
             self.queue,
@@ -301,6 +303,7 @@ class Runner:
             self.settings.config,
             reserved=reserved,
             leaving=leaving,
+            spent=spent,
         )
         first: Decision | None = None
         for count, decision in enumerate(turn, start=1):

@@ -478,7 +478,14 @@ class Simulation:
             # The live loop's decisions, one per snapshot: cycles cost no virtual time, so
             # there is nothing to amortise by deciding several gangs on one snapshot.
             turn = decide_in_turn(
-                gangs, self.queue, snapshot, now, self.config, reserved=reserved, leaving=leaving
+                gangs,
+                self.queue,
+                snapshot,
+                now,
+                self.config,
+                reserved=reserved,
+                leaving=leaving,
+                spent=self.reclaims.spent(),
             )
             decision = next(turn, None)
             turn.close()

@@ -80,15 +80,51 @@ def test_victims_that_left_stop_counting_and_pods_being_deleted_are_not_evicted(
     assert book.due(pods, now=30.0) == ()
 
 
-def test_a_victim_chosen_again_leaves_for_the_new_gang_at_the_new_time() -> None:
+def test_a_victim_chosen_again_is_spent_its_gang_and_leave_by_never_move() -> None:
+    # Two gangs that chose the same victim once asked it in turn, each for itself, and pushed
+    # its leave-by 30 s later on every cycle: it was never evicted and neither gang bound.
     book = ledger()
     e1 = victim("e1")
     other = GangKey("ns/x")
-    book.chosen(W, [e1.key], ROOM, now=0.0)
-    book.chosen(other, [e1.key], ROOM, now=20.0)
-    assert book.leaving() == {other: 1}
-    assert book.due(pods_of(e1), now=30.0) == ()
-    assert book.due(pods_of(e1), now=50.0) == (e1.key,)
+    assert book.ask(W, [e1.key], ROOM, now=0.0) == ((e1.key,), 30.0)
+    for now in (1.0, 20.0, 29.0):
+        assert book.ask(other, [e1.key], ROOM, now=now) == ((), now + 30.0)
+        assert book.ask(W, [e1.key], ROOM, now=now) == ((), now + 30.0)
+    assert book.spent() == {e1.key: W}
+    assert book.leaving() == {W: 1}
+    assert book.due(pods_of(e1), now=29.9) == ()
+    assert book.due(pods_of(e1), now=30.0) == (e1.key,)  # at its first leave-by
+
+
+def test_chosen_asks_only_the_victims_not_already_leaving() -> None:
+    book = ledger()
+    e1, e2 = victim("e1"), victim("e2")
+    other = GangKey("ns/x")
+    assert book.chosen(W, [e1.key], ROOM, now=0.0) == 30.0
+    assert book.ask(other, [e1.key, e2.key], ROOM, now=5.0) == ((e2.key,), 35.0)
+    assert book.spent() == {e1.key: W, e2.key: other}
+    assert book.leaving() == {W: 1, other: 1}
+    assert book.reserved() == {W: ROOM, other: ROOM}
+    assert book.due(pods_of(e1, e2), now=30.0) == (e1.key,)
+    assert book.due(pods_of(e1, e2), now=35.0) == (e2.key,)
+    book.update([waiting()], pods_of(e2), now=36.0)  # e1 has gone: it may be asked again
+    assert book.spent() == {e2.key: other}
+
+
+@given(st.lists(st.tuples(st.sampled_from(["w", "x", "y"]), st.floats(0, 1000)), max_size=20))
+def test_a_victims_leave_by_is_set_once_and_never_moves(asks: list[tuple[str, float]]) -> None:
+    book = ledger()
+    e1 = victim("e1")
+    first: tuple[GangKey, float] | None = None
+    for name, now in sorted(asks, key=lambda ask: ask[1]):
+        asked, leave_by = book.ask(GangKey(f"ns/{name}"), [e1.key], ROOM, now)
+        if first is None:
+            assert asked == (e1.key,)
+            first = (GangKey(f"ns/{name}"), leave_by)
+        else:
+            assert asked == ()
+        assert book.spent() == {e1.key: first[0]}
+        assert book.next_due() == first[1]  # the eviction, at the first leave-by
 
 
 def test_a_pod_evicted_for_another_reason_is_not_evicted_again_meanwhile() -> None:
