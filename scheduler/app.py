@@ -12,6 +12,7 @@ import functools
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,7 @@ from common import logs
 from scheduler import health
 from scheduler.cache import Cache
 from scheduler.cycle import Config
-from scheduler.k8s.client import KubeconfigError, TokenBucket, api_client
+from scheduler.k8s.client import FencedApi, KubeconfigError, TokenBucket, api_client
 from scheduler.k8s.lease import LeaderElector
 from scheduler.k8s.status import ApiBinder, ApiReporter
 from scheduler.k8s.view import ClusterView
@@ -132,11 +133,16 @@ def _wire(settings: CliSettings, api: Any, workers: int) -> _Program:
     cache = Cache(topology_keys=tuple(settings.topology_keys))
     metrics = Metrics()
     name = str(settings.scheduler_name)
+    # A change of leader wakes the loop (the runner is built below; the elector starts after).
+    elector = _elector(settings, api, name, lambda _: runner.wake(freed=True))
+    # Binds, evictions, conditions, Events and PodGroup status leave only while this replica
+    # holds the Lease by its own clock (scheduler/k8s/lease.py), checked as each one leaves.
+    writes = api if elector is None else FencedApi(api, elector.refusal)
     # Events and conditions get their own budget (as kube-scheduler's event client does), so
     # telling users about a decision never slows down carrying it out.
-    reporter = ApiReporter(api, TokenBucket(float(settings.qps), int(settings.burst)), name)
+    reporter = ApiReporter(writes, TokenBucket(float(settings.qps), int(settings.burst)), name)
     metrics.status_backlog.set_function(lambda: reporter.backlog)
-    binder = ApiBinder(api, limiter, cache.has_node)
+    binder = ApiBinder(writes, limiter, cache.has_node)
     feed = Feed(name) if settings.web_view else None
     runner = Runner(
         cache,
@@ -150,7 +156,6 @@ def _wire(settings: CliSettings, api: Any, workers: int) -> _Program:
     view = ClusterView(
         api, cache, lambda freed: runner.wake(freed=freed), pod_added=wiring_events.pod_added
     )
-    elector = _elector(settings, api, name, runner)
     stop = threading.Event()
     may_schedule = functools.partial(_may_schedule, view, elector)
     loop = threading.Thread(target=runner.run, args=(stop, may_schedule), name="schedule")
@@ -182,20 +187,27 @@ def _runner_settings(settings: CliSettings, name: str, workers: int) -> Settings
     )
 
 
-def _elector(settings: CliSettings, api: Any, name: str, runner: Runner) -> LeaderElector | None:
-    """A lease elector when leader election is on (a change of leader wakes the loop)."""
+def _elector(
+    settings: CliSettings, api: Any, name: str, on_change: Callable[[bool], None]
+) -> LeaderElector | None:
+    """A lease elector when leader election is on, with the Lease's timings."""
     if not settings.leader_elect:
         return None
     return LeaderElector(
         api,
         namespace=str(settings.lease_namespace),
         name=str(settings.lease_name or name),
-        on_change=lambda _: runner.wake(freed=True),
+        on_change=on_change,
+        lease_duration=int(settings.leader_elect_lease_duration),
+        renew_deadline=float(settings.leader_elect_renew_deadline),
+        retry_period=float(settings.leader_elect_retry_period),
     )
 
 
 def _may_schedule(view: ClusterView, elector: LeaderElector | None) -> bool:
-    """Decide only on caches that have listed, and only while leading (or alone)."""
+    """Decide only on caches that have listed, and only while leading (or alone): asked at the
+    start of every cycle, and false from the moment this replica cannot be sure it holds the
+    Lease (a paused leader wakes up fenced)."""
     return view.synced() and (elector is None or elector.is_leader())
 
 

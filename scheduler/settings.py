@@ -69,6 +69,38 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _duration(text: str) -> float:
+    """Seconds, as a number or with a unit as kube-scheduler's flags take them: ``15``, ``15s``,
+    ``1500ms``, ``1m``."""
+    text = text.strip()
+    for unit, scale in (("ms", 0.001), ("s", 1.0), ("m", 60.0)):
+        if text.endswith(unit):
+            return _number(text[: -len(unit)]) * scale
+    return _number(text)
+
+
+def _election_seconds(text: str) -> float:
+    """A leader-election period: at least one second (the official client's elector refuses
+    less), at most a day."""
+    value = _duration(text)
+    if not 1 <= value <= 24 * 3600:
+        raise ValueError(f"expected a duration from 1 s to one day, got {text!r}")
+    return value
+
+
+def _lease_seconds(text: str) -> int:
+    """The lease duration: whole seconds (the Lease stores an integer)."""
+    value = _election_seconds(text)
+    if value != int(value):
+        raise ValueError(f"expected whole seconds (a Lease counts in seconds), got {text!r}")
+    return int(value)
+
+
+#: The client's elector retries at most this much later than the retry period (client-go's
+#: JitterFactor): a renew deadline must leave room for more than one try.
+ELECTION_JITTER = 1.2
+
+
 def _address(text: str) -> str:
     """``HOST:PORT``, ``:PORT`` or ``PORT`` (loopback), ``[IPv6]:PORT``; "" is off."""
     text = text.strip()
@@ -177,6 +209,27 @@ OPTIONS: tuple[Option, ...] = (
     Option("leader-elect", False, parse_bool, "run for leadership on a Lease; standby otherwise"),
     Option("lease-namespace", "kube-system", str, "namespace of the leader-election Lease"),
     Option("lease-name", "", str, "name of the Lease (default: the scheduler name)"),
+    Option(
+        "leader-elect-lease-duration",
+        15,
+        _lease_seconds,
+        "seconds (whole) a standby waits, from the last renewal of the Lease it saw, before it "
+        "takes over (kube-scheduler's flag of that name)",
+    ),
+    Option(
+        "leader-elect-renew-deadline",
+        10.0,
+        _election_seconds,
+        "seconds the leader keeps writing after its last renewal of the Lease and keeps trying "
+        "to renew it before it gives up and exits; less than the lease duration",
+    ),
+    Option(
+        "leader-elect-retry-period",
+        2.0,
+        _election_seconds,
+        "seconds between tries to take or renew the Lease; the renew deadline must exceed "
+        f"{ELECTION_JITTER} times it",
+    ),
     Option("log-format", "auto", str, "json, console, or auto (console on a terminal)"),
     Option(
         "web-view",
@@ -242,6 +295,7 @@ def resolve(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = N
         for option in OPTIONS
     }
     _check_pair(args, env, file_values, values)
+    _check_election(args, env, file_values, values)
     return CliSettings(kubeconfig=args.kubeconfig, config=args.config, values=values)
 
 
@@ -259,6 +313,37 @@ def _check_pair(
     raise SettingsError(
         f"{place}: --webhook-cert and --webhook-key are given together or not at all"
     )
+
+
+def _check_election(
+    args: argparse.Namespace, env: Mapping[str, str], file_values: Mapping[str, Any], values: Any
+) -> None:
+    """The Lease's timings fit together as kube-scheduler requires: retry period x 1.2 < renew
+    deadline < lease duration (the difference is the leader's safety margin,
+    ``scheduler/k8s/lease.py``); the message says where each value was given."""
+
+    def shown(name: str) -> str:
+        option = next(o for o in OPTIONS if o.name == name)
+        where = _given(option, getattr(args, option.attr), env, file_values, args.config)
+        if where is None:
+            return f"--{name} (default {values[option.attr]:g} s)"
+        return f"{where[1]} ({values[option.attr]:g} s)"
+
+    lease = values["leader_elect_lease_duration"]
+    renew = values["leader_elect_renew_deadline"]
+    retry = values["leader_elect_retry_period"]
+    if not renew < lease:
+        raise SettingsError(
+            f"{shown('leader-elect-renew-deadline')} must be less than "
+            f"{shown('leader-elect-lease-duration')}: the leader stops writing at the renew "
+            "deadline, before a standby may take the Lease"
+        )
+    if not retry * ELECTION_JITTER < renew:
+        raise SettingsError(
+            f"{shown('leader-elect-retry-period')} times {ELECTION_JITTER} must be less than "
+            f"{shown('leader-elect-renew-deadline')}: the leader must be able to try to renew "
+            "more than once before its deadline"
+        )
 
 
 def _config_file(path: str) -> dict[str, Any]:

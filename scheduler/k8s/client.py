@@ -1,4 +1,5 @@
-"""API client construction and the client-side rate limit (QPS and burst, like client-go's)."""
+"""API client construction, the client-side rate limit (QPS and burst, like client-go's), and the
+fence on a leader's writes."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import binascii
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -116,6 +118,50 @@ class ApiError(Exception):
         self.status = status
         self.reason = reason
         self.message = message
+
+
+class NotLeader(ApiError):
+    """A write refused before it left: this replica cannot be sure it holds the leader's Lease
+    (``scheduler/k8s/lease.py``). Nothing reached the API server."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(0, "NotLeader", why)
+
+    def __str__(self) -> str:
+        return f"not sent, not the leader: {self.message}"
+
+
+#: Why a write may not leave now, or ``None`` when it may (``LeaderElector.refusal``).
+Fence = Callable[[], "str | None"]
+
+#: Requests that change nothing, which the fence lets through.
+_READS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class FencedApi:
+    """What :class:`Rest` uses of an ApiClient (its host, credentials and connection pool), with
+    every request other than a read refused with :class:`NotLeader` unless ``fence`` allows it
+    at the moment it would leave: after any wait for the rate limiter, with nothing left to do
+    but send. Only :class:`Rest` is built on it; the generated API classes need more of an
+    ApiClient, and fail on this one at once instead of writing unfenced."""
+
+    def __init__(self, api: Any, fence: Fence) -> None:
+        self.configuration = api.configuration
+        self.update_params_for_auth = api.update_params_for_auth
+        self.rest_client = _FencedRestClient(api.rest_client, fence)
+
+
+class _FencedRestClient:
+    def __init__(self, inner: Any, fence: Fence) -> None:
+        self._inner = inner
+        self._fence = fence
+
+    def request(self, method: str, url: str, **kwargs: Any) -> Any:
+        if method.upper() not in _READS:
+            why = self._fence()
+            if why is not None:
+                raise NotLeader(why)
+        return self._inner.request(method, url, **kwargs)
 
 
 class Rest:
