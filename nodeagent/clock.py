@@ -138,7 +138,10 @@ def injected_offset(environ: dict[str, str] | None = None) -> float:
     text = (os.environ if environ is None else environ).get(TEST_OFFSET_ENV, "").strip()
     if not text:
         return 0.0
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
     if not math.isfinite(value):
         raise ValueError(f"{TEST_OFFSET_ENV}: not a finite number of seconds: {text!r}")
     return value
