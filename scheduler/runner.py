@@ -21,6 +21,7 @@ from typing import Protocol
 
 import structlog
 
+from contracts import names
 from scheduler.cache import Cache
 from scheduler.cache.cache import Snapshot
 from scheduler.cycle import Config, Decision, decide_in_turn, has_work
@@ -41,7 +42,7 @@ from scheduler.model import (
 )
 from scheduler.queue import GangQueue
 from scheduler.reclaim_ledger import ReclaimLedger, Room
-from scheduler.torn import TornLedger
+from scheduler.torn import Torn, TornLedger
 
 log = structlog.get_logger("scheduler")
 
@@ -93,11 +94,13 @@ class Reporter(Protocol):
         those gangs; send what changed)."""
 
     def torn(self, gang: Gang, release_at: float) -> None:
-        """``gang`` has bound members but fewer than its minimum; they are released at
-        ``release_at`` unless the missing members arrive and bind."""
+        """``gang`` has bound members but fewer than its minimum and cannot be completed now;
+        they are asked to leave at ``release_at`` unless the missing members bind. Called again
+        when what it says changes (its surviving members, its counts)."""
 
-    def released(self, gang: Gang, since: float) -> None:
-        """``gang`` stayed torn since ``since``: its bound members are being evicted."""
+    def released(self, gang: Gang, since: float, leave_by: float) -> None:
+        """``gang`` stayed torn since ``since``: its bound members are asked to leave by
+        ``leave_by`` and evicted once they acknowledge, or then."""
 
 
 #: Told each cycle's snapshot and the gangs built from it (valid, invalid) at ``now``: must
@@ -388,6 +391,7 @@ class Runner:
         gang = decision.gang
         if decision.victims:
             self._reclaim(decision, pods, now)
+        self._stuck(decision, now)
         why = decision.unschedulable
         if why is not None:
             self.reporter.unschedulable(gang, gang.pending, why.message(), waiting=why.waiting)
@@ -485,36 +489,61 @@ class Runner:
             return self.reclaims.next_due()
 
     def _track_torn(self, gangs: list[Gang], now: float) -> None:
-        """Tell users about gangs that became torn; release the ones torn past the grace."""
+        """Tell users about stuck torn gangs (again when what they are told changes); release
+        the ones stuck past the grace."""
         update = self._torn.update(gangs, now)
-        for gang, release_at in update.started:
+        for told in update.told:
+            self._tell_torn(told)
+        for due in update.due:
+            self._release(due, now)
+
+    def _tell_torn(self, torn: Torn) -> None:
+        gang = torn.gang
+        if torn.first:
+            shortfall = torn.shortfall
             log.warning(
                 "gang_torn",
                 gang=gang.key,
-                bound=len(gang.bound),
+                bound=shortfall.bound,
                 min=gang.min_member,
-                pending=len(gang.pending),
-                release_at=release_at,
+                pending=shortfall.pending,
+                release_at=torn.release_at,
             )
-            self.reporter.torn(gang, release_at)
-        for gang in update.due:
-            since = self._torn.since(gang.key) or now
-            log.warning(
-                "torn_gang_released",
-                gang=gang.key,
-                bound=len(gang.bound),
-                min=gang.min_member,
-                torn_seconds=round(now - since, 1),
+        self.reporter.torn(gang, torn.release_at)
+
+    def _stuck(self, decision: Decision, now: float) -> None:
+        """A torn gang whose members exist but found no room (no victims either) is stuck."""
+        why = decision.unschedulable
+        if why is None or why.waiting or decision.victims or decision.fault is not None:
+            return
+        told = self._torn.stuck(decision.gang, now)
+        if told is not None:
+            self._tell_torn(told)
+
+    def _release(self, torn: Torn, now: float) -> None:
+        """Ask a torn gang's survivors to leave, as a reclaim does (``shoal.dev/leave-by``, the
+        node agent tells their workers); the reclaim ledger evicts each at its leave-by unless
+        it acknowledged first. Members already asked to leave are left as they are."""
+        gang = torn.gang
+        asked = [p for p in torn.survivors if names.RECLAIMED_FOR_ANNOTATION not in p.annotations]
+        if not asked:
+            return
+        with self._lock:
+            leave_by = self.reclaims.chosen(gang.key, (p.key for p in asked), (), now)
+        log.warning(
+            "torn_gang_released",
+            gang=gang.key,
+            bound=len(torn.survivors),
+            min=gang.min_member,
+            torn_seconds=round(now - torn.since, 1),
+            deadline=leave_by,
+        )
+        self.metrics.torn_released.inc()
+        self.reporter.released(gang, torn.since, leave_by)
+        for pod in asked:
+            self._binds.submit(
+                self._write, "ask_to_leave", self.binder.ask_to_leave, pod, leave_by, gang.key
             )
-            self.metrics.torn_released.inc()
-            self.reporter.released(gang, since)
-            for pod in gang.bound:
-                if pod.deleting:
-                    continue
-                with self._lock:
-                    start = self.reclaims.start_eviction(pod.key)
-                if start:
-                    self._binds.submit(self._evict, pod)
 
     def _evict(self, pod: PodRequest) -> None:
         try:

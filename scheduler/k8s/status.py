@@ -5,10 +5,13 @@
 Writes that only inform (conditions, Events, PodGroup status) go through a small worker pool so
 the scheduling loop never waits on them, and each is sent only when its content changes.
 
-Events about a gang as a whole (it does not fit, it is torn) are aggregated: one per gang, per
-reason, per ``event_interval``, on the gang's PodGroup (when it has one) and on its first member
-pod; every member still gets the ``PodScheduled`` condition with the reason. A gang that stays
-unschedulable for an hour produces a few Events, not one per member per cycle.
+Events about a gang that waits (it does not fit, it lacks members) are aggregated: one per
+gang, per reason, per ``event_interval``, on the gang's PodGroup (when it has one) and on its
+first member pod; every member still gets the ``PodScheduled`` condition with the reason. A gang
+that stays unschedulable for an hour produces a few Events, not one per member per cycle. A torn
+gang's warnings (``GangBelowMinimum``, ``GangReleased``) go on each of its surviving members and
+its PodGroup, once per message each: a pod deleted in the same burst takes no explanation with
+it (:mod:`scheduler.torn`).
 
 A condition write carries the pod's ``resourceVersion`` as read when the decision was made: a
 write queued before the pod was bound fails with a conflict instead of overwriting the
@@ -30,6 +33,7 @@ import structlog
 from common.kubeevents import EventSource, event_body
 from contracts import names
 from contracts.times import format_time
+from scheduler import torn as torn_core
 from scheduler.gang.build import gang_of
 from scheduler.gang.group_status import GroupStatus
 from scheduler.k8s import group_status
@@ -211,33 +215,37 @@ class ApiReporter:
                 self._gang_conditions[gang.key] = now
 
     def torn(self, gang: Gang, release_at: float) -> None:
-        message = (
-            f"Gang {gang.name} is below its minimum: {len(gang.bound)} of {gang.min_member} "
-            f"bound, {len(gang.pending)} pending; waiting for "
-            f"{gang.min_missing - len(gang.pending)} more member(s). Unless they arrive, its "
-            f"bound members are evicted at {format_time(release_at)} so that their GPUs are not "
-            "held by a gang that cannot run."
+        """``GangBelowMinimum`` on every surviving member (bound, not being deleted) and on the
+        PodGroup, each once per message: a member told that goes away leaves the explanation on
+        the others, and a message that changes (counts, survivors) is written again."""
+        message = torn_core.below_minimum_message(
+            gang.name, torn_core.Shortfall.of(gang), release_at
         )
-        self._gang_event(gang, gang.bound, "Warning", "GangBelowMinimum", message, force=True)
+        self._on_survivors(gang, "Warning", "GangBelowMinimum", message)
 
-    def released(self, gang: Gang, since: float) -> None:
-        message = (
-            f"Gang {gang.name} stayed below its minimum ({len(gang.bound)} of "
-            f"{gang.min_member} bound) since {format_time(since)} with no member to complete it; "
-            "evicting its bound members so that it can be admitted whole again "
-            "(a controller such as a Job recreates them)."
+    def released(self, gang: Gang, since: float, leave_by: float) -> None:
+        message = torn_core.released_message(
+            gang.name, torn_core.Shortfall.of(gang), since, leave_by
         )
-        for pod in gang.bound:
-            self._submit(self._pod_event, pod, "Warning", "GangReleased", message)
+        self._on_survivors(gang, "Warning", "GangReleased", message)
+
+    def _on_survivors(self, gang: Gang, kind: str, reason: str, message: str) -> None:
+        for pod in torn_core.survivors(gang):
+            key: tuple[str, str] = (reason, pod.key)
+            if self._changed(key, message):
+                self._submit(self._pod_event, pod, kind, reason, message, remembered=key)
         if gang.pod_group:
-            self._submit(
-                self._group_event,
-                gang.pod_group,
-                "Warning",
-                "GangReleased",
-                message,
-                gang.pod_group_uid,
-            )
+            key = (reason, gang.pod_group)
+            if self._changed(key, message):
+                self._submit(
+                    self._group_event,
+                    gang.pod_group,
+                    kind,
+                    reason,
+                    message,
+                    gang.pod_group_uid,
+                    remembered=key,
+                )
 
     def scheduled(self, gang: Gang, pod: PodRequest, node: NodeName) -> None:
         with self._lock:

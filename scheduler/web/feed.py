@@ -138,6 +138,6 @@ class Tee:
         self.inner.torn(gang, release_at)
         self.feed.record("torn", f"{gang.key} below its minimum with members bound", gang=gang.key)
 
-    def released(self, gang: Gang, since: float) -> None:
-        self.inner.released(gang, since)
+    def released(self, gang: Gang, since: float, leave_by: float) -> None:
+        self.inner.released(gang, since, leave_by)
         self.feed.record("released", f"{gang.key} stayed torn: members released", gang=gang.key)

@@ -51,7 +51,7 @@ class Recorder:
     invalid_seen: list[str] = field(default_factory=list)
     nominations: dict[str, str] = field(default_factory=dict)
     torn_seen: list[tuple[str, int, float]] = field(default_factory=list)
-    released_seen: list[str] = field(default_factory=list)
+    released_seen: list[tuple[str, float]] = field(default_factory=list)
     statuses: dict[str, list[GroupStatus]] = field(default_factory=dict)
 
     # Binder
@@ -98,10 +98,11 @@ class Recorder:
     def gang_status(self, gang: Gang) -> None: ...
 
     def torn(self, gang: Gang, release_at: float) -> None:
-        self.torn_seen.append((gang.name, len(gang.bound), release_at))
+        survivors = [p for p in gang.bound if not p.deleting]
+        self.torn_seen.append((gang.name, len(survivors), release_at))
 
-    def released(self, gang: Gang, since: float) -> None:
-        self.released_seen.append(gang.name)
+    def released(self, gang: Gang, since: float, leave_by: float) -> None:
+        self.released_seen.append((gang.name, leave_by))
 
 
 @dataclass
@@ -280,24 +281,39 @@ def _torn_gang(cache: Cache, *, bound: int, min_member: int) -> None:
         )
 
 
-def test_torn_gang_with_no_member_to_complete_it_is_told_then_released_after_the_grace() -> None:
+def test_torn_gang_with_no_member_to_complete_it_is_told_then_asked_to_leave_after_the_grace() -> (
+    None
+):
     cache = Cache()
     _torn_gang(cache, bound=6, min_member=8)  # two members were deleted before they bound
     recorder = Recorder()
     clock = Clock()
-    loop = runner(cache, recorder, clock, torn_grace=60.0)
+    loop = runner(cache, recorder, clock, torn_grace=60.0, reclaim_grace=30.0)
     decision, next_at = loop.run_once()
     assert decision is None
     assert recorder.torn_seen == [("t", 6, clock.now + 60.0)]
     assert next_at == clock.now + 60.0  # the loop wakes for the release
     clock.now += 59
     loop.run_once()
+    assert recorder.asked == []
+    clock.now += 1
+    _, next_at = loop.run_once()
+    leave_by = clock.now + 30.0
+    # Released through the notice path: asked to leave (leave-by), not evicted yet.
+    assert recorder.released_seen == [("t", leave_by)]
+    assert sorted(recorder.asked) == [(f"t{i}", leave_by, "ns/t") for i in range(6)]
+    assert recorder.evicted == []
+    assert next_at == leave_by
+    clock.now += 29
+    loop.run_once()
     assert recorder.evicted == []
     clock.now += 1
     loop.run_once()
-    assert recorder.released_seen == ["t"]
     assert sorted(recorder.evicted) == [f"t{i}" for i in range(6)]
+    clock.now += 60
+    loop.run_once()
     assert len(recorder.torn_seen) == 1  # told once, not every cycle
+    assert len(recorder.released_seen) == 1  # asked once
 
 
 def test_torn_gang_completed_within_the_grace_is_not_released() -> None:
@@ -335,6 +351,67 @@ def test_a_finishing_gang_is_not_torn() -> None:
     loop.run_once()
     assert recorder.torn_seen == []
     assert recorder.evicted == []
+
+
+def test_a_raised_minimum_without_room_is_told_after_its_decision_then_asked_to_leave() -> None:
+    cache = Cache()
+    _torn_gang(cache, bound=2, min_member=3)  # min-member raised from 2 while they run
+    for i in (8, 9):
+        cache.set_pod(pod(f"t{i}", gpus=8, gang="t", min_member="3", created=i))
+    recorder = Recorder()
+    clock = Clock()
+    loop = runner(cache, recorder, clock, torn_grace=60.0, reclaim_grace=30.0)
+    decision, _ = loop.run_once()
+    assert decision is not None
+    assert decision.unschedulable is not None  # no room for the pending members
+    assert recorder.torn_seen == [("t", 2, clock.now + 60.0)]
+    clock.now += 60
+    loop.run_once()
+    assert recorder.released_seen == [("t", clock.now + 30.0)]
+    assert sorted(a[0] for a in recorder.asked) == ["t0", "t1"]
+    assert recorder.evicted == []  # the workers have until their leave-by
+
+
+def test_minimum_and_maximum_raised_together_with_room_bind_without_a_warning() -> None:
+    cache = Cache()
+    _torn_gang(cache, bound=2, min_member=4)
+    for i in (2, 3):
+        cache.set_node(node(f"n{i}", gpus=8))
+        cache.set_pod(pod(f"t{i}", gpus=8, gang="t", min_member="4", created=i))
+    recorder = Recorder()
+    clock = Clock()
+    loop = runner(cache, recorder, clock, torn_grace=1.0)
+    decision, _ = loop.run_once()
+    assert decision is not None
+    assert sorted(name for name, _ in recorder.bound) == ["t2", "t3"]
+    clock.now += 10
+    loop.run_once()
+    assert recorder.torn_seen == []
+    assert recorder.released_seen == []
+    assert recorder.asked == []
+
+
+def test_a_torn_gang_is_told_again_when_the_members_it_was_told_on_go() -> None:
+    cache = Cache()
+    _torn_gang(cache, bound=4, min_member=4)
+    recorder = Recorder()
+    clock = Clock()
+    loop = runner(cache, recorder, clock, torn_grace=600.0)
+    loop.run_once()
+    assert recorder.torn_seen == []  # whole
+    first = cache.snapshot().pods[PodKey("ns/t0")]
+    cache.set_pod(replace(first, deleting=True))  # deleted, still in the cache
+    loop.run_once()
+    release_at = clock.now + 600.0
+    assert recorder.torn_seen == [("t", 3, release_at)]
+    cache.remove_pod(PodKey("ns/t0"))
+    clock.now += 1
+    loop.run_once()
+    assert len(recorder.torn_seen) == 1  # the same survivors: nothing new to say
+    cache.remove_pod(PodKey("ns/t1"))
+    clock.now += 1
+    loop.run_once()
+    assert recorder.torn_seen[1:] == [("t", 2, release_at)]
 
 
 def test_a_node_deleted_after_the_decision_gets_no_binding() -> None:

@@ -242,3 +242,42 @@ def test_the_disruption_write_does_not_displace_a_pending_scheduled_condition() 
     assert landed[0] == "PodGroupInitiallyScheduled=False"
     assert sorted(landed[1:]) == ["DisruptionTarget=True", "PodGroupInitiallyScheduled=True"]
     reporter.close()
+
+
+def _torn_gang(*members: Any) -> Gang:
+    return Gang(
+        key=GangKey("ns/t"),
+        namespace="ns",
+        name="t",
+        min_member=4,
+        max_member=4,
+        members=members,
+        pod_group="ns/t",
+        pod_group_uid="uid-group",
+    )
+
+
+def test_a_torn_gang_is_explained_on_its_surviving_members_and_its_pod_group() -> None:
+    reporter = _reporter()
+    events: list[tuple[str, str]] = []
+    reporter._pod_event = lambda pod, kind, reason, message: events.append((pod.name, message))  # type: ignore[method-assign]
+    reporter._group_event = lambda ref, kind, reason, message, uid: events.append((ref, message))  # type: ignore[method-assign]
+    going = replace(pod("t0", pod_group="t", node="n0"), deleting=True)
+    left = [pod(f"t{i}", pod_group="t", node=f"n{i}") for i in (1, 2)]
+    reporter.torn(_torn_gang(going, *left), 1_800_000_000.0)
+    _settle(reporter)
+    told = {name for name, _ in events}
+    assert told == {"t1", "t2", "ns/t"}  # never on the member being deleted
+    assert all("2 of 4 bound, 0 pending" in m for _, m in events)
+    reporter.torn(_torn_gang(going, *left), 1_800_000_000.0)  # called again: said already
+    _settle(reporter)
+    assert len(events) == 3
+    reporter.torn(_torn_gang(left[1]), 1_800_000_000.0)  # t1 went too
+    _settle(reporter)
+    assert sorted(name for name, m in events[3:]) == ["ns/t", "t2"]
+    assert all("1 of 4 bound" in m for _, m in events[3:])
+    reporter.released(_torn_gang(left[1]), 1_799_999_940.0, 1_800_000_030.0)
+    _settle(reporter)
+    assert sorted(name for name, m in events[5:]) == ["ns/t", "t2"]
+    assert all("asked to leave by 2027-01-15T08:00:30Z" in m for _, m in events[5:])
+    reporter.close()
