@@ -21,7 +21,6 @@ from typing import Protocol
 
 import structlog
 
-from contracts import names
 from scheduler.cache import Cache
 from scheduler.cache.cache import Snapshot
 from scheduler.cycle import Config, Decision, decide_in_turn, has_work
@@ -523,13 +522,16 @@ class Runner:
     def _release(self, torn: Torn, now: float) -> None:
         """Ask a torn gang's survivors to leave, as a reclaim does (``shoal.dev/leave-by``, the
         node agent tells their workers); the reclaim ledger evicts each at its leave-by unless
-        it acknowledged first. Members already asked to leave are left as they are."""
+        it acknowledged first. Members already asked to leave (for any gang) are spent: they
+        keep the leave-by they have."""
         gang = torn.gang
-        asked = [p for p in torn.survivors if names.RECLAIMED_FOR_ANNOTATION not in p.annotations]
+        alive = torn.survivors
+        with self._lock:
+            keys, leave_by = self.reclaims.ask(gang.key, (p.key for p in alive), (), now)
+        fresh = set(keys)
+        asked = [p for p in alive if p.key in fresh]
         if not asked:
             return
-        with self._lock:
-            leave_by = self.reclaims.chosen(gang.key, (p.key for p in asked), (), now)
         log.warning(
             "torn_gang_released",
             gang=gang.key,

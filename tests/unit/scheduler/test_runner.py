@@ -372,6 +372,25 @@ def test_a_raised_minimum_without_room_is_told_after_its_decision_then_asked_to_
     assert recorder.evicted == []  # the workers have until their leave-by
 
 
+def test_a_release_leaves_a_member_already_asked_to_leave_for_another_gang_as_it_is() -> None:
+    cache = Cache()
+    _torn_gang(cache, bound=3, min_member=4)
+    asked = cache.snapshot().pods[PodKey("ns/t0")]
+    notes = {
+        **asked.annotations,
+        names.RECLAIMED_FOR_ANNOTATION: "ns/other",
+        names.LEAVE_BY_ANNOTATION: "2030-01-01T00:00:00Z",
+    }
+    cache.set_pod(replace(asked, annotations=notes))
+    recorder = Recorder()
+    clock = Clock()
+    loop = runner(cache, recorder, clock, torn_grace=10.0)
+    loop.run_once()
+    clock.now += 10
+    loop.run_once()
+    assert sorted(name for name, _, _ in recorder.asked) == ["t1", "t2"]
+
+
 def test_minimum_and_maximum_raised_together_with_room_bind_without_a_warning() -> None:
     cache = Cache()
     _torn_gang(cache, bound=2, min_member=4)
