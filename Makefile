@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv devcluster browser lint unit integration test demo clean
+.PHONY: venv devcluster browser images lint unit integration test demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,12 @@ devcluster: $(STAMP)
 # it those tests are skipped, saying why).
 browser: $(STAMP)
 	-$(PY) -m devcluster browser
+
+# The two images, built with podman from Debian's packages (no registry, no Docker), as OCI
+# archives: build/shoal-scheduler.oci.tar and build/shoal-agent.oci.tar. Installs podman, runc
+# and mmdebstrap as root when missing; needs no virtualenv. See devcluster/images.py.
+images:
+	$(PYTHON) -m devcluster.images build
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
