@@ -317,6 +317,11 @@ def save(podman: Podman, image: Image, tag: str, *, say: Say) -> bool:
 
 def build(*, say: Say = _say, refresh_base: bool = False) -> list[Path]:
     """Both images, saved as OCI archives; returns their paths."""
+    if os.geteuid() != 0:
+        raise ImagesError(
+            "building the images needs root (mmdebstrap makes the base root as root and podman "
+            "keeps the layers in root's storage): run `sudo make images`"
+        )
     ensure_tools(say=say)
     cache = cache_root()
     cache.mkdir(parents=True, exist_ok=True)
