@@ -12,6 +12,10 @@ notice. Watches are capped in total and per pod (refused with ``RESOURCE_EXHAUST
 are small, a connection carries a few streams, connections with no call open are closed, peers
 that stop answering pings are dropped, and a watch that falls behind is ended. Memory the closed
 watches held is handed back to the system.
+
+The socket is kept at its path (:class:`NoticeServer`): removed or replaced while the agent runs
+(a node clean-up, a tmpfs mounted again), it is served again within about a second, and while it
+cannot be, ``/healthz`` fails with the reason so that the kubelet restarts the agent.
 """
 
 from __future__ import annotations
