@@ -318,19 +318,14 @@ class ApiReporter:
         kind: str,
         reason: str,
         message: str,
-        *,
-        force: bool = False,
     ) -> None:
         """One Event for the whole gang, on its PodGroup and its first pod in ``pods``: sent
-        when the message is new, at most once per ``event_interval`` per gang and reason
-        (``force``: whenever the message is new)."""
+        when the message is new, at most once per ``event_interval`` per gang and reason."""
         key = ("gang-event", f"{gang.key}|{reason}")
         now = self._clock()
         with self._lock:
             last = self._gang_events.get(key)
-            if last is not None and (
-                last[1] == message or (not force and now - last[0] < self._event_interval)
-            ):
+            if last is not None and (last[1] == message or now - last[0] < self._event_interval):
                 return
             if len(self._gang_events) >= MAX_REMEMBERED:
                 self._gang_events.clear()
