@@ -18,7 +18,7 @@ import pytest
 from kubernetes import client, config
 
 from devcluster import build, cluster, nodes
-from tests.integration.history import PodHistory
+from tests.integration.history import History
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,10 +83,10 @@ def namespace(devcluster: Devcluster) -> Iterator[str]:
 
 
 @pytest.fixture
-def pod_history(devcluster: Devcluster, namespace: str) -> Iterator[PodHistory]:
+def pod_history(devcluster: Devcluster, namespace: str) -> Iterator[History]:
     """Every version of the test namespace's pods from the start of the test: what a test
     asserts about states that come and go is read here, never from a poll that can miss them."""
-    history = PodHistory(devcluster.core(), namespace)
+    history = History(devcluster.core().list_namespaced_pod, namespace)
     yield history
     history.close()
 

@@ -1,7 +1,8 @@
-"""Every version of a namespace's pods, as a watch delivered them, for what a test checks about
-states that come and go: an annotation that lasts until its pod is evicted, how few members of a
-gang were bound at the lowest. A poll sees only the states it happens to land on; the watch
-delivers each change, so the record kept here is complete and read after the fact."""
+"""Every version of a namespace's objects of one kind, as a watch delivered them, for what a
+test checks about states that come and go: an annotation that lasts until its pod is evicted,
+how few members of a gang were bound at the lowest, the phases a PodGroup went through. A poll
+sees only the states it happens to land on; the watch delivers each change, so the record kept
+here is complete and read after the fact."""
 
 from __future__ import annotations
 
@@ -13,40 +14,48 @@ from kubernetes import watch
 
 from tests.waiting import eventually
 
-#: The pods of the namespace at one moment, by name.
+#: The objects at one moment, by name.
 State = dict[str, Any]
 
 
-class PodHistory:
-    """Lists the namespace's pods, then watches them from that listing: ``states()`` is the
+def _meta(obj: Any, field: str) -> str:
+    """A metadata field of a model object (typed kinds) or a dict (custom objects)."""
+    if isinstance(obj, dict):
+        return str(obj["metadata"][field])
+    return str(getattr(obj.metadata, "resource_version" if field == "resourceVersion" else field))
+
+
+class History:
+    """Lists with ``list_fn(*args)``, then watches from that listing: ``states()`` is the
     listing and the state after each change since, in the order the API server made them."""
 
-    def __init__(self, core: Any, namespace: str) -> None:
-        self._core = core
-        self._namespace = namespace
+    def __init__(self, list_fn: Callable[..., Any], *args: Any) -> None:
+        self._list = list_fn
+        self._args = args
         self._lock = threading.Lock()
-        listing = core.list_namespaced_pod(namespace)
-        self._current: State = {p.metadata.name: p for p in listing.items}
+        listing = list_fn(*args)
+        items = listing["items"] if isinstance(listing, dict) else listing.items
+        self._current: State = {_meta(o, "name"): o for o in items}
         self._states: list[State] = [dict(self._current)]
         self._failed: BaseException | None = None
         self._watch = watch.Watch()
-        self._thread = threading.Thread(
-            target=self._run, args=(listing.metadata.resource_version,), daemon=True
+        version = (
+            listing["metadata"]["resourceVersion"]
+            if isinstance(listing, dict)
+            else listing.metadata.resource_version
         )
+        self._thread = threading.Thread(target=self._run, args=(version,), daemon=True)
         self._thread.start()
 
     def _run(self, version: str) -> None:
         try:
-            stream = self._watch.stream(
-                self._core.list_namespaced_pod, self._namespace, resource_version=version
-            )
-            for event in stream:
-                pod = event["object"]
+            for event in self._watch.stream(self._list, *self._args, resource_version=version):
+                obj = event["object"]
                 with self._lock:
                     if event["type"] == "DELETED":
-                        self._current.pop(pod.metadata.name, None)
+                        self._current.pop(_meta(obj, "name"), None)
                     elif event["type"] in ("ADDED", "MODIFIED"):
-                        self._current[pod.metadata.name] = pod
+                        self._current[_meta(obj, "name")] = obj
                     else:
                         continue
                     self._states.append(dict(self._current))
@@ -59,18 +68,18 @@ class PodHistory:
         have a gap)."""
         with self._lock:
             if self._failed is not None:
-                raise AssertionError(f"the pod watch broke: {self._failed!r}")
+                raise AssertionError(f"the watch broke: {self._failed!r}")
             return list(self._states)
 
     def versions(self, name: str) -> list[Any]:
-        """Every version of the pod ``name`` recorded, oldest first, without repeats."""
+        """Every version of the object ``name`` recorded, oldest first, without repeats."""
         found: list[Any] = []
         for state in self.states():
-            pod = state.get(name)
-            if pod is not None and (
-                not found or found[-1].metadata.resource_version != pod.metadata.resource_version
+            obj = state.get(name)
+            if obj is not None and (
+                not found or _meta(found[-1], "resourceVersion") != _meta(obj, "resourceVersion")
             ):
-                found.append(pod)
+                found.append(obj)
         return found
 
     def lowest(self, count: Callable[[State], int], *, since: Callable[[State], bool]) -> int:
@@ -83,17 +92,16 @@ class PodHistory:
         return min(count(state) for state in states[first:])
 
     def caught_up(self, timeout: float = 60) -> None:
-        """Wait until the latest recorded state is the namespace's pods as listed now."""
+        """Wait until the latest recorded state is the objects as listed now."""
 
         def same() -> bool:
-            listed = {
-                p.metadata.name: p.metadata.resource_version
-                for p in self._core.list_namespaced_pod(self._namespace).items
-            }
+            listing = self._list(*self._args)
+            items = listing["items"] if isinstance(listing, dict) else listing.items
+            listed = {_meta(o, "name"): _meta(o, "resourceVersion") for o in items}
             latest = self.states()[-1]
-            return listed == {n: p.metadata.resource_version for n, p in latest.items()}
+            return listed == {n: _meta(o, "resourceVersion") for n, o in latest.items()}
 
-        eventually(same, timeout=timeout, what="the pod watch to catch up with a listing")
+        eventually(same, timeout=timeout, what="the watch to catch up with a listing")
 
     def close(self) -> None:
         self._watch.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from contracts import names
-from tests.integration.history import PodHistory, State
+from tests.integration.history import History, State
 from tests.integration.scheduler.conftest import Pods, Pool, SchedulerProcess, ensure_priority_class
 from tests.waiting import eventually
 
@@ -91,7 +91,7 @@ def test_elastic_gang_shrinks_for_a_higher_priority_gang_never_below_its_minimum
     pool: Pool,
     pods: Pods,
     start_scheduler: Callable[..., SchedulerProcess],
-    pod_history: PodHistory,
+    pod_history: History,
 ) -> None:
     ensure_priority_class(pods.devcluster, "shoal-test-high", 100000)
     pool.add(4, gpus=8)

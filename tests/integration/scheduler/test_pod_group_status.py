@@ -7,7 +7,7 @@ writing its phase through the status subresource, as a kubelet would."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -19,6 +19,7 @@ from contracts import names
 from contracts.times import parse_time
 from scheduler.k8s.client import Rest
 from tests import figures
+from tests.integration.history import History
 from tests.integration.scheduler.conftest import Pods, Pool, SchedulerProcess
 from tests.waiting import eventually
 
@@ -31,12 +32,11 @@ ORDER = ["Pending", "Scheduling", "Running", "Failed", "Finished"]
 
 
 class Groups:
-    """The test's PodGroups, and every status phase seen on them while polling."""
+    """The test's PodGroups."""
 
     def __init__(self, pods: Pods) -> None:
         self.custom = client.CustomObjectsApi(pods.devcluster.api)
         self.namespace = pods.namespace
-        self.seen: dict[str, list[str]] = {}
 
     def create(self, name: str, min_member: int) -> dict[str, Any]:
         body = {
@@ -55,9 +55,6 @@ class Groups:
             GROUP, VERSION, self.namespace, PLURAL, name
         )
         found: dict[str, Any] = group.get("status") or {}
-        phases = self.seen.setdefault(name, [])
-        if found.get("phase") and (not phases or phases[-1] != found["phase"]):
-            phases.append(found["phase"])
         return found
 
     def reaches(self, name: str, **expected: object) -> dict[str, Any]:
@@ -75,6 +72,26 @@ class Groups:
             pytest.fail(f"PodGroup {name} status {expected} never came; last seen {last[0]}")
 
 
+@pytest.fixture
+def group_history(pods: Pods) -> Iterator[History]:
+    """Every version of the test's PodGroups: the phases each went through, all of them."""
+    custom = client.CustomObjectsApi(pods.devcluster.api)
+    history = History(custom.list_namespaced_custom_object, GROUP, VERSION, pods.namespace, PLURAL)
+    yield history
+    history.close()
+
+
+def _phases(history: History, name: str) -> list[str]:
+    """The status phases the PodGroup ``name`` went through, in order."""
+    history.caught_up()
+    phases: list[str] = []
+    for version in history.versions(name):
+        phase = (version.get("status") or {}).get("phase")
+        if phase and (not phases or phases[-1] != phase):
+            phases.append(phase)
+    return phases
+
+
 def _finish(pods: Pods, name: str, phase: str) -> None:
     pods.devcluster.core().patch_namespaced_pod_status(
         name, pods.namespace, {"status": {"phase": phase}}
@@ -87,7 +104,10 @@ def _no_api_warnings(scheduler: SchedulerProcess) -> None:
 
 
 def test_pod_group_status_from_pending_to_finished(
-    pool: Pool, pods: Pods, start_scheduler: Callable[..., SchedulerProcess]
+    pool: Pool,
+    pods: Pods,
+    start_scheduler: Callable[..., SchedulerProcess],
+    group_history: History,
 ) -> None:
     pool.add(2, gpus=8)
     groups = Groups(pods)
@@ -127,8 +147,9 @@ def test_pod_group_status_from_pending_to_finished(
 
     assert found["scheduleStartTime"] == started
     assert set(found) <= STATUS_FIELDS
-    phases = groups.seen["train"]
+    phases = _phases(group_history, "train")
     assert phases == sorted(phases, key=ORDER.index), phases  # never back to an earlier phase
+    assert (phases[0], phases[-1]) == ("Pending", "Finished"), phases
     _no_api_warnings(scheduler)
 
 

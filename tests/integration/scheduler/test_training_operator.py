@@ -21,7 +21,7 @@ from kubernetes import client
 
 from contracts import names
 from tests.integration.conftest import Devcluster
-from tests.integration.history import PodHistory, State
+from tests.integration.history import History, State
 from tests.integration.scheduler import training_operator
 from tests.integration.scheduler.conftest import (
     KWOK_TOLERATION,
@@ -124,7 +124,7 @@ def test_elastic_pytorch_job_admitted_at_its_minimum_grown_to_its_maximum_shrunk
     pods: Pods,
     start_scheduler: Callable[..., SchedulerProcess],
     operator: TrainingOperator,
-    pod_history: PodHistory,
+    pod_history: History,
 ) -> None:
     ensure_priority_class(pods.devcluster, "shoal-test-high", 100000)
     pool.add(1, gpus=8)  # room for one 8-GPU worker of a gang whose minimum is two
