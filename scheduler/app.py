@@ -118,12 +118,17 @@ class _Program:
         return True, "ok"
 
     def ready(self) -> tuple[bool, str]:
-        """Ready once every informer has listed; says whether this replica leads."""
+        """Ready once every informer has listed; says whether this replica leads, and whether a
+        leader is fenced (scheduler/k8s/lease.py)."""
         missing = [i.kind for i in self.view.informers if not i.synced.is_set()]
         if missing:
             return False, f"caches not synced: {', '.join(missing)}"
         if self.elector is not None:
-            return True, "leader" if self.elector.is_leader() else "standby"
+            why = self.elector.refusal()
+            if why is None:
+                return True, "leader"
+            # A leader that cannot be sure of its Lease writes nothing until it renews (or exits).
+            return True, f"leader, not writing: {why}" if self.elector.leading else "standby"
         return True, "ok"
 
 

@@ -1,8 +1,9 @@
 """``/healthz``, ``/readyz`` and ``/metrics`` on a small aiohttp server (embedded with AppRunner).
 
 ``/healthz`` fails when the scheduling loop has died or stopped cycling; ``/readyz`` fails until
-every informer has listed once (and, with leader election, reports leader or standby — both
-ready); ``/metrics`` is the instance's Prometheus registry.
+every informer has listed once (and, with leader election, reports leader, standby, or a leader
+that is not writing because it cannot be sure of its Lease — all ready); ``/metrics`` is the
+instance's Prometheus registry.
 """
 
 from __future__ import annotations

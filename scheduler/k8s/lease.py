@@ -159,6 +159,11 @@ class LeaderElector:
         )
         self._thread = threading.Thread(target=self._run, name="leader-election", daemon=True)
 
+    @property
+    def leading(self) -> bool:
+        """The elector's own view: it took the Lease and has not given up renewing it."""
+        return self._leading.is_set()
+
     def is_leader(self) -> bool:
         """Leading, and holding the Lease by this process's clock right now."""
         return self.refusal() is None
