@@ -257,8 +257,8 @@ def build_mounts(cache: Path) -> list[str]:
 # --- the tools -----------------------------------------------------------------------------
 
 
-def missing_packages(which: Callable[[str], str | None] = shutil.which) -> list[str]:
-    return sorted({package for command, package in TOOLS.items() if not which(command)})
+def missing_packages() -> list[str]:
+    return sorted({package for command, package in TOOLS.items() if not shutil.which(command)})
 
 
 def ensure_tools(*, say: Say) -> None:

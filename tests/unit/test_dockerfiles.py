@@ -58,7 +58,14 @@ def test_final_stage_is_pinned_non_root_and_has_no_build_step(path: Path) -> Non
     image = _base(final, args)
     assert ":" in image, f"base image not pinned: {image}"
     assert not image.endswith(":latest"), f"base image not pinned: {image}"
-    assert all(s.split()[0] == final.split()[0] for s in stages), "every stage: the same base"
+    names: set[str] = set()
+    for stage in stages:
+        start, *alias = re.findall(r"\S+", stage.splitlines()[0])
+        assert start == stages[0].split(maxsplit=1)[0] or start in names, (
+            f"a stage starts from the one pinned base or an earlier stage, not {start}"
+        )
+        names.update(alias[-1:])
+    assert final.split(maxsplit=1)[0] == stages[0].split(maxsplit=1)[0], "the final stage too"
     assert not re.search(r"(?m)^RUN ", final), "the final stage runs no build step"
     user = re.findall(r"(?m)^USER (\S+)", final)
     assert user, "the final stage sets USER"
@@ -146,3 +153,32 @@ def test_the_built_image_runs_unprivileged_and_holds_the_product_only(name: str)
     result = _podman_run(name, ["--entrypoint", "python"], ["-c", probe])
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[0] == "65532 [] [] True"
+
+
+# `make images` itself (devcluster/images.py), without building anything.
+def test_make_images_names_the_debian_packages_to_install_when_it_cannot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    with pytest.raises(images.ImagesError) as missing:
+        images.ensure_tools(say=lambda _: None)
+    message = str(missing.value)
+    assert "apt-get install" in message
+    assert all(package in message for package in ("podman", "runc", "mmdebstrap"))
+
+
+def test_podman_runs_with_runc_and_cgroupfs_where_cgroups_are_hybrid_without_systemd() -> None:
+    conf = images.containers_conf(hybrid_cgroups=True, systemd=False, nofile=20000, nproc=32768)
+    assert 'runtime = "runc"' in conf
+    assert 'cgroup_manager = "cgroupfs"' in conf
+    assert '"nofile=20000:20000", "nproc=32768:32768"' in conf
+    plain = images.containers_conf(hybrid_cgroups=False, systemd=True, nofile=1, nproc=1)
+    assert "runtime" not in plain
+    assert "cgroup_manager" not in plain
+
+
+def test_a_new_base_recipe_gets_a_new_cached_base() -> None:
+    key = images.base_key()
+    assert key.startswith(f"{images.DEBIAN_RELEASE}-python{images.PYTHON}-")
+    assert images.base_tag() == f"localhost/shoal-base:{key}"
