@@ -7,6 +7,7 @@ here is complete and read after the fact."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +38,7 @@ class History:
         items = listing["items"] if isinstance(listing, dict) else listing.items
         self._current: State = {_meta(o, "name"): o for o in items}
         self._states: list[State] = [dict(self._current)]
+        self._times: list[float] = [time.monotonic()]  # when each state was received
         self._failed: BaseException | None = None
         self._watch = watch.Watch()
         version = (
@@ -59,6 +61,7 @@ class History:
                     else:
                         continue
                     self._states.append(dict(self._current))
+                    self._times.append(time.monotonic())
         except BaseException as exc:  # a gap in the record must fail the test, not hide
             with self._lock:
                 self._failed = exc
@@ -66,10 +69,13 @@ class History:
     def states(self) -> list[State]:
         """Every state recorded so far; fails the test if the watch broke (the record would
         have a gap)."""
+        return self._record()[0]
+
+    def _record(self) -> tuple[list[State], list[float]]:
         with self._lock:
             if self._failed is not None:
                 raise AssertionError(f"the watch broke: {self._failed!r}")
-            return list(self._states)
+            return list(self._states), list(self._times)
 
     def versions(self, name: str) -> list[Any]:
         """Every version of the object ``name`` recorded, oldest first, without repeats."""
@@ -81,6 +87,15 @@ class History:
             ):
                 found.append(obj)
         return found
+
+    def when(self, name: str, holds: Callable[[Any], bool]) -> float | None:
+        """When (``time.monotonic()``) this process received the first version of the object
+        ``name`` for which ``holds`` is true; None if none so far."""
+        for state, at in zip(*self._record(), strict=True):
+            obj = state.get(name)
+            if obj is not None and holds(obj):
+                return at
+        return None
 
     def lowest(self, count: Callable[[State], int], *, since: Callable[[State], bool]) -> int:
         """The smallest ``count`` of the states recorded from the first for which ``since``

@@ -28,6 +28,7 @@ from fakes.clouds import Aws
 from fakes.runtime import Runtime
 from nodeagent.client.distributed import latest_checkpoint
 from tests import figures
+from tests.integration.history import History
 from tests.integration.nodeagent.harness import AgentProcess, eventually
 from tests.integration.scheduler.conftest import (
     KWOK_TOLERATION,
@@ -205,7 +206,7 @@ def test_a_spot_notice_stops_every_rank_at_one_step_and_two_pods_resume(scene: S
 
 
 def test_a_reclaim_heard_on_the_socket_stops_every_rank_and_two_pods_resume(
-    scene: Scene, pool: Pool, webhook: Webhook
+    scene: Scene, pool: Pool, webhook: Webhook, pod_history: History
 ) -> None:
     ensure_priority_class(pool.devcluster, HIGH, 100000)
     asked = time.time()
@@ -229,6 +230,28 @@ def test_a_reclaim_heard_on_the_socket_stops_every_rank_and_two_pods_resume(
     victim = eventually(lambda: _reclaimed(scene), timeout=SLOW, what="a member reclaimed")
 
     stopped, resumed = left_and_resumed(scene, victim)
+    # The scheduler asked through the victim's annotations (what its agent turned into the
+    # notice); read from every version of the pod, for they go with the pod.
+    annotated = pod_history.when(victim, lambda pod: _leave_by(pod) is not None)
+    assert annotated is not None, f"{victim} never carried {names.LEAVE_BY_ANNOTATION}"
+    [notes] = {
+        (pod.metadata.annotations or {}).get(names.RECLAIMED_FOR_ANNOTATION)
+        for pod in pod_history.versions(victim)
+        if _leave_by(pod) is not None
+    }
+    assert notes == f"{scene.namespace}/urgent"
+    evicting = eventually(
+        lambda: pod_history.when(victim, lambda pod: pod.metadata.deletion_timestamp is not None),
+        timeout=SLOW,
+        what="the pod watch to see the eviction",
+    )
+    assert evicting >= annotated
+    # The window a poll of the annotation had to land in.
+    figures.record(
+        SECTION,
+        "reclaim: leave-by written to the victim evicted (s)",
+        round(evicting - annotated, 3),
+    )
     # The worker was told on the socket before it acknowledged (the agent times the ack from
     # then), not only by the leave-by file.
     metrics = scene.agent_of(victim).metrics()
@@ -344,6 +367,11 @@ def _reclaimed(scene: Scene) -> str | None:
             assert f"to make room for gang {scene.namespace}/urgent " in event.message
             return str(event.involved_object.name)
     return None
+
+
+def _leave_by(pod: Any) -> str | None:
+    notes: dict[str, str] = pod.metadata.annotations or {}
+    return notes.get(names.LEAVE_BY_ANNOTATION)
 
 
 def _stops(job: Job) -> list[dict[str, Any]] | None:
