@@ -511,10 +511,14 @@ class Runner:
         self.reporter.torn(gang, torn.release_at)
 
     def _stuck(self, decision: Decision, now: float) -> None:
-        """A torn gang whose members exist but found no room (no victims either) is stuck."""
+        """A torn gang whose members exist but found no room is stuck, unless room is on its
+        way (victims chosen now, or asked to leave for it before)."""
         why = decision.unschedulable
         if why is None or why.waiting or decision.victims or decision.fault is not None:
             return
+        with self._lock:
+            if self.reclaims.leaving().get(decision.gang.key):
+                return
         told = self._torn.stuck(decision.gang, now)
         if told is not None:
             self._tell_torn(told)

@@ -391,6 +391,29 @@ def test_a_release_leaves_a_member_already_asked_to_leave_for_another_gang_as_it
     assert sorted(name for name, _, _ in recorder.asked) == ["t1", "t2"]
 
 
+def test_a_torn_gang_waiting_for_room_asked_for_it_is_not_told() -> None:
+    cache = Cache()
+    _torn_gang(cache, bound=2, min_member=3)
+    cache.set_pod(pod("t8", gpus=8, gang="t", min_member="3", created=8))
+    cache.set_node(node("n8", gpus=8))
+    notes = {
+        names.RECLAIMED_FOR_ANNOTATION: "ns/t",
+        names.LEAVE_BY_ANNOTATION: "2030-01-01T00:00:00Z",
+    }
+    cache.set_pod(pod("v", gpus=8, node="n8", annotations=notes))  # leaving to make room for t
+    recorder = Recorder()
+    clock = Clock()
+    loop = runner(cache, recorder, clock, torn_grace=10.0)
+    decision, _ = loop.run_once()
+    assert decision is not None
+    assert decision.unschedulable is not None
+    cache.remove_pod(PodKey("ns/v"))
+    clock.now += 5
+    loop.run_once()
+    assert recorder.bound == [("t8", "n8")]
+    assert recorder.torn_seen == []
+
+
 def test_minimum_and_maximum_raised_together_with_room_bind_without_a_warning() -> None:
     cache = Cache()
     _torn_gang(cache, bound=2, min_member=4)
