@@ -10,10 +10,11 @@ dependencies pinned with hashes in ``requirements/images.lock`` (the build tools
 ``build/shoal-scheduler.oci.tar`` and ``build/shoal-agent.oci.tar``. A second run reuses the
 cached base and podman's layer cache, and saves an archive again only when its image changed.
 
-Every file in a layer carries the same fixed time (``--timestamp``), so the images depend only
-on their inputs. ``lock`` regenerates both lock files with ``uv pip compile`` (installed from
-PyPI into the cache on first use); ``tests/unit/test_image_lock.py`` fails when they drift from
-``pyproject.toml``.
+Every file in a layer carries the same fixed time (``--timestamp``) and every ``.pyc`` is
+hash-based, so the images depend only on their inputs: the same sources, lock and base give the
+same image digest, and the same archive byte for byte. ``lock`` regenerates both lock files
+with ``uv pip compile`` (installed from PyPI into the cache on first use);
+``tests/unit/test_image_lock.py`` fails when they drift from ``pyproject.toml``.
 
 What this machine kind needs from podman, each found the hard way: ``runc`` where cgroups are
 hybrid (``crun`` refuses them), the ``cgroupfs`` manager and a file event log without systemd,
@@ -33,6 +34,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import tarfile
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -305,14 +307,32 @@ def save(podman: Podman, image: Image, tag: str, *, say: Say) -> bool:
         say(f"images: {image.archive.relative_to(ROOT)} is up to date")
         return False
     image.archive.parent.mkdir(parents=True, exist_ok=True)
+    saved = image.archive.with_name(image.archive.name + ".saved")
     partial = image.archive.with_name(image.archive.name + ".partial")
-    partial.unlink(missing_ok=True)
-    podman.run(["save", "--format", "oci-archive", "-o", str(partial), tag], what="podman save")
+    saved.unlink(missing_ok=True)
+    podman.run(["save", "--format", "oci-archive", "-o", str(saved), tag], what="podman save")
+    normalize_archive(saved, partial)
+    saved.unlink()
     partial.replace(image.archive)
     stamp.write_text(image_id)
     size = image.archive.stat().st_size / 1e6
     say(f"images: {image.archive.relative_to(ROOT)} ({size:.0f} MB) holds {tag}")
     return True
+
+
+def normalize_archive(source: Path, target: Path) -> None:
+    """Copy a tar with its entries sorted and their times and owners fixed.
+
+    podman writes each entry of an OCI archive with the time of saving; the same image then
+    gives the same archive, byte for byte.
+    """
+    with tarfile.open(source) as src, tarfile.open(target, "w", format=tarfile.PAX_FORMAT) as dst:
+        for member in sorted(src.getmembers(), key=lambda m: m.name):
+            member.mtime = SOURCE_DATE_EPOCH
+            member.uid = member.gid = 0
+            member.uname = member.gname = ""
+            member.pax_headers = {}
+            dst.addfile(member, src.extractfile(member) if member.isfile() else None)
 
 
 def build(*, say: Say = _say, refresh_base: bool = False) -> list[Path]:
