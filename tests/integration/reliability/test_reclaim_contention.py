@@ -19,6 +19,7 @@ import pytest
 
 from contracts import names
 from tests import figures
+from tests.integration.history import History, State
 from tests.integration.scheduler.conftest import Pods, Pool, SchedulerProcess
 from tests.waiting import eventually
 
@@ -47,15 +48,34 @@ def _gpus(pod: Any) -> int:
     )
 
 
-@pytest.mark.parametrize(("waiting", "surplus"), [(2, 2), (3, 3)], ids=["two", "three"])
+def _most_gpus_on_a_node(state: State) -> int:
+    """The most GPUs the pods bound to one node ask for (terminating pods included)."""
+    per_node: Counter[str] = Counter()
+    for pod in state.values():
+        if pod.spec.node_name:
+            per_node[pod.spec.node_name] += _gpus(pod)
+    return max(per_node.values(), default=0)
+
+
+def _leave_bys(history: History, name: str) -> list[str]:
+    """Every ``shoal.dev/leave-by`` the pod ``name`` carried, in order, without repeats."""
+    seen: list[str] = []
+    for version in history.versions(name):
+        value = (version.metadata.annotations or {}).get(names.LEAVE_BY_ANNOTATION)
+        if value is not None and (not seen or seen[-1] != value):
+            seen.append(value)
+    return seen
+
+
+@pytest.mark.parametrize("waiting", [2, 3], ids=["two", "three"])
 def test_waiting_pods_reclaiming_from_one_gang_each_get_a_victim_and_all_bind(
     pool: Pool,
     pods: Pods,
+    pod_history: History,
     start_scheduler: Callable[..., SchedulerProcess],
     waiting: int,
-    surplus: int,
 ) -> None:
-    nodes = 2 + surplus
+    nodes = 2 + waiting  # the gang's minimum, and one surplus member per waiting pod
     pool.add(nodes, gpus=8)
     members = pods.gang("elastic", nodes, gpus=8, min_member=2, max_member=nodes)
     start_scheduler("--reclaim-grace", str(GRACE))
@@ -83,14 +103,13 @@ def test_waiting_pods_reclaiming_from_one_gang_each_get_a_victim_and_all_bind(
     assert set(counts) <= set(members), counts
     assert dict(counts) == {victim: 1 for victim in counts}, counts
     assert len(counts) == waiting, counts
-    # The elastic gang kept its minimum, and no node holds more GPUs than it has.
+    pod_history.caught_up()
+    for victim in counts:
+        assert len(_leave_bys(pod_history, victim)) == 1, _leave_bys(pod_history, victim)
+    # The elastic gang kept its minimum, and no node ever held more GPUs than it has, not even
+    # while a victim was terminating.
     assert len(pods.bound(members)) == nodes - waiting
-    per_node: Counter[str] = Counter()
-    for pod in pods.all():
-        if pod.spec.node_name:
-            per_node[pod.spec.node_name] += _gpus(pod)
-    assert max(per_node.values()) <= 8, per_node
-    assert len(per_node) == nodes, per_node
+    assert max(_most_gpus_on_a_node(state) for state in pod_history.states()) <= 8
 
     figures.record(
         SECTION, f"{waiting} waiting pods all bound (s, grace {GRACE:.0f} s)", round(took, 1)
