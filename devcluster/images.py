@@ -72,6 +72,8 @@ TOOLS: Final[Mapping[str, str]] = {
     "runc": "runc",
     "mmdebstrap": "mmdebstrap",
 }
+#: Left out of the build context: what Python writes beside the sources.
+CACHE_FILES: Final = ("__pycache__", "*.pyc")
 #: podman's default process limit is above what an unprivileged container may get here.
 MAX_NPROC: Final = 32768
 
@@ -335,6 +337,29 @@ def normalize_archive(source: Path, target: Path) -> None:
             dst.addfile(member, src.extractfile(member) if member.isfile() else None)
 
 
+def stage_context(target: Path) -> Path:
+    """The build context: what ``.dockerignore`` lets in, copied with one fixed time.
+
+    podman's layer cache keys a ``COPY`` on its files' times too; with fixed times a fresh
+    checkout (or a file touched and restored) reuses the cached layers, and a build is not
+    disturbed by edits made while it runs.
+    """
+    ignore = (ROOT / ".dockerignore").read_text().splitlines()
+    keep = [line[1:].strip("/") for line in ignore if line.startswith("!")]
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    for name in keep:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, target / name, ignore=shutil.ignore_patterns(*CACHE_FILES))
+        elif source.is_file():
+            shutil.copyfile(source, target / name)
+    for path in [target, *target.rglob("*")]:
+        os.utime(path, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH), follow_symlinks=False)
+    return target
+
+
 def build(*, say: Say = _say, refresh_base: bool = False) -> list[Path]:
     """Both images, saved as OCI archives; returns their paths."""
     if os.geteuid() != 0:
@@ -348,10 +373,12 @@ def build(*, say: Say = _say, refresh_base: bool = False) -> list[Path]:
     podman = Podman(env=podman_env(), mounts=build_mounts(cache))
     base = ensure_base(podman, say=say, refresh=refresh_base)
     version = project_version()
+    context = stage_context(OUT_DIR / "context")
     for image in IMAGES:
         tag = image.tag(version)
         say(f"images: building {tag} ({image.dockerfile} on {base})")
-        podman.build(["--build-arg", f"BASE={base}", "-f", image.dockerfile, "-t", tag, "."])
+        dockerfile = str(ROOT / image.dockerfile)
+        podman.build(["--build-arg", f"BASE={base}", "-f", dockerfile, "-t", tag, str(context)])
         save(podman, image, tag, say=say)
     return [image.archive for image in IMAGES]
 
