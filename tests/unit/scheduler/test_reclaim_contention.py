@@ -11,6 +11,8 @@ from collections import Counter
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scheduler.cache import Cache, Snapshot
 from scheduler.cycle import Config, Decision, decide_in_turn
@@ -179,3 +181,47 @@ def test_equal_priority_pods_waiting_for_one_gangs_surplus_all_bind_each_victim_
     # The earliest waiting pod got the first victim: the youngest member.
     assert recorder.asked[0][0] == f"e{nodes - 1}"
     assert recorder.asked[0][2] == "ns/pod:w0"
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 3), st.integers(0, 3), st.integers(0, 2)), max_size=4),
+    st.sets(st.integers(0, 7), max_size=4),
+    st.integers(1, 3),
+    st.integers(0, 3),
+)
+def test_victims_already_leaving_are_never_chosen_again_nor_does_a_gang_go_below_its_minimum(
+    running: list[tuple[int, int, int]], spent_slots: set[int], size: int, priority: int
+) -> None:
+    nodes = [node(f"n{i}") for i in range(8)]
+    pods: list[PodRequest] = []
+    for g, (minimum, extra, level) in enumerate(running):
+        for i in range(minimum + extra):
+            if len(pods) >= 8:
+                break
+            pods.append(
+                pod(
+                    f"r{g}-{i}",
+                    gpus=8,
+                    gang=f"r{g}",
+                    min_member=str(minimum),
+                    max_member=str(minimum + extra),
+                    node=f"n{len(pods)}",
+                    priority=level,
+                    created=float(i),
+                )
+            )
+    spent = {pods[i].key: X for i in spent_slots if i < len(pods)}
+    waiting = [pod(f"w{i}", gpus=8, gang="w", created=100, priority=priority) for i in range(size)]
+    snap = snapshot(nodes, [*pods, *waiting])
+    decision = decisions(snap, spent=spent)["w"]
+    victims = set(decision.victims)
+    assert not victims & set(spent)
+    gangs, _ = build_gangs(snap.pods.values(), snap.pod_groups, SCHED)
+    for gang in gangs:
+        staying = [p for p in gang.bound if p.key not in spent]
+        taken = [p for p in staying if p.key in victims]
+        left = len(staying) - len(taken)
+        if taken:
+            assert gang.priority <= priority
+            assert left == 0 or left >= gang.min_member
