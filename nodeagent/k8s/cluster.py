@@ -291,10 +291,12 @@ class ListWatch(Generic[T]):
             "timeoutSeconds": str(timeout),
         }
         what = f"watch {self.what}"
+        sent = self.cluster.local()
         try:
             stream = self.cluster.transport.stream(self.path, query, timeout + WATCH_MARGIN)
         except (HTTPError, OSError) as exc:
             raise ApiError(f"{what}: API server unreachable: {exc}") from exc
+        self.cluster.dated(sent, stream.date)
         self._stream = stream
         try:
             yield from self._changes(stream)
@@ -438,12 +440,17 @@ class Cluster:
         except (HTTPError, OSError) as exc:
             raise ApiError(f"{what}: API server unreachable: {exc}") from exc
         self.last_ok = time.monotonic()
-        if self.on_date is not None:
-            self.on_date(sent, self.local(), answer.date)
+        self.dated(sent, answer.date)
         if answer.status >= 400:
             detail = answer.body.decode("utf-8", "replace")[:300]
             raise ApiStatus(f"{what}: HTTP {answer.status}: {detail}", answer.status, answer.reason)
         return json.loads(answer.body) if answer.body else None
+
+    def dated(self, sent: float, date: str | None) -> None:
+        """An answer to a request sent at ``sent`` has just come, dated ``date``: the clock
+        check hears of it (a watch's answer too, so a quiet agent keeps measuring)."""
+        if self.on_date is not None:
+            self.on_date(sent, self.local(), date)
 
     @property
     def _node_path(self) -> str:

@@ -80,6 +80,12 @@ class Stream:
     def status(self) -> int:
         return self.response.status
 
+    @property
+    def date(self) -> str | None:
+        """The answer's ``Date`` header (the API server's clock), when it had one."""
+        value = self.response.headers.get("Date")
+        return value if isinstance(value, str) else None
+
     def body(self) -> bytes:
         return self.response.read()
 

@@ -22,6 +22,8 @@ from nodeagent.clock import (
     warning_due,
 )
 from nodeagent.events import EvictPod
+from nodeagent.k8s.cluster import Cluster
+from nodeagent.k8s.transport import Answer
 from nodeagent.store import Store
 from tests.unit.nodeagent.test_store import notice, pod, run
 
@@ -126,3 +128,27 @@ def test_the_test_hook_reads_seconds_or_nothing() -> None:
         injected_offset({"SHOAL_TEST_CLOCK_OFFSET": "nan"})
     assert parse_date("Mon, 30 Nov 2026 10:00:00 GMT") == REAL
     assert parse_date("yesterday") is None
+
+
+class _Dated:
+    """An API server whose every answer is dated ``date``."""
+
+    def __init__(self, date: str) -> None:
+        self.date = date
+
+    def request(
+        self, method: str, path: str, query: dict[str, str], body: object, content_type: str
+    ) -> Answer:
+        return Answer(status=200, reason="OK", body=b"{}", date=self.date)
+
+
+def test_each_api_answer_is_measured_on_the_local_clock() -> None:
+    clocks = ClockCheck(lambda: REAL + 90.0)
+    cluster = Cluster(
+        transport=_Dated(date(REAL)),  # type: ignore[arg-type]
+        node_name="n1",
+        local=clocks.local,
+        on_date=clocks.probe(APISERVER),
+    )
+    cluster.request("read node", "GET", "/api/v1/nodes/n1")
+    assert clocks.estimates()[APISERVER] == Offset(low=-90.0, high=-89.0, samples=1)
