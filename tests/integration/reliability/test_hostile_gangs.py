@@ -21,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from contracts import names
 from tests import figures
 from tests.integration.conftest import Devcluster
+from tests.integration.history import History
 from tests.integration.scheduler.conftest import Pods, Pool, SchedulerProcess
 from tests.waiting import eventually
 
@@ -68,8 +69,21 @@ def _below_minimum_told(pods: Pods, names_: list[str]) -> bool:
     return any("GangBelowMinimum" in _reasons(pods, n) for n in names_)
 
 
+def _ever_bound(history: History, names_: list[str]) -> dict[str, set[str]]:
+    """The nodes each of ``names_`` was ever bound to, from every version of the pods."""
+    found: dict[str, set[str]] = {}
+    for state in history.states():
+        for name in names_:
+            if name in state and state[name].spec.node_name:
+                found.setdefault(name, set()).add(state[name].spec.node_name)
+    return found
+
+
 def test_deleted_members_leave_no_gang_below_its_minimum_without_an_event(
-    pool: Pool, pods: Pods, start_scheduler: Callable[..., SchedulerProcess]
+    pool: Pool,
+    pods: Pods,
+    start_scheduler: Callable[..., SchedulerProcess],
+    pod_history: History,
 ) -> None:
     pool.add(8, gpus=8)
     # Slow binds (2 per second) so that members can be deleted between the decision and
@@ -81,11 +95,10 @@ def test_deleted_members_leave_no_gang_below_its_minimum_without_an_event(
     pods.delete(gone)
     left = [m for m in members if m not in gone]
     started = time.monotonic()
-    time.sleep(3)  # the binds of the deleted members fail; the rest land
-    bound = pods.bound(left)
-    assert 0 < len(bound) < 8, bound
+    # The binds of the deleted members fail; the rest land. Which landed is read from every
+    # version of the pods, whenever the test looks.
     eventually(
-        lambda: _below_minimum_told(pods, list(bound)),
+        lambda: _below_minimum_told(pods, list(_ever_bound(pod_history, left))),
         timeout=30,
         what="a GangBelowMinimum Event on the torn gang",
     )
@@ -96,6 +109,9 @@ def test_deleted_members_leave_no_gang_below_its_minimum_without_an_event(
         what="the torn gang's bound members to be released",
     )
     released = time.monotonic() - started
+    pod_history.caught_up()
+    bound = _ever_bound(pod_history, left)
+    assert 0 < len(bound) < 8, bound
     eventually(
         lambda: any("GangReleased" in _reasons(pods, n) for n in bound),
         timeout=30,
@@ -110,6 +126,7 @@ def test_a_node_deleted_while_its_gang_binds_gets_no_binding_and_the_gang_is_res
     pool: Pool,
     pods: Pods,
     start_scheduler: Callable[..., SchedulerProcess],
+    pod_history: History,
 ) -> None:
     nodes_ = pool.add(8, gpus=8)
     start_scheduler("--qps", "2", "--burst", "1", "--torn-grace", "15")
@@ -125,13 +142,8 @@ def test_a_node_deleted_while_its_gang_binds_gets_no_binding_and_the_gang_is_res
             if exc.status != 404:
                 raise
     deleted_at = time.monotonic()
-    time.sleep(5)
-    # A bind may have been on the wire while the nodes went; none may start after that.
-    late = {p: n for p, n in pods.bound(members).items() if n in deleted}
-    assert len(late) <= 1, late
-    bound_now = list(pods.bound(members))
     eventually(
-        lambda: _below_minimum_told(pods, bound_now),
+        lambda: _below_minimum_told(pods, list(_ever_bound(pod_history, members))),
         timeout=30,
         what="a GangBelowMinimum Event after the node went",
     )
@@ -141,6 +153,11 @@ def test_a_node_deleted_while_its_gang_binds_gets_no_binding_and_the_gang_is_res
         timeout=90,
         what="the torn gang's members to be released or collected",
     )
+    # A bind may have been on the wire while the nodes went; none may start after that: read
+    # from every version of the pods, so that no binding is missed however briefly it lasted.
+    pod_history.caught_up()
+    late = {p: on for p, on in _ever_bound(pod_history, members).items() if on & set(deleted)}
+    assert len(late) <= 1, late
     figures.record(SECTION, "torn by node deletion: told after (s)", round(told, 1))
     figures.record(SECTION, "torn by node deletion: binds to deleted nodes", len(late))
 
