@@ -2,6 +2,12 @@
 
 Tests never sleep to let time pass: they poll a probe until it holds, and fail with what they
 were waiting for when it does not hold in time.
+
+A probe asks for something durable, which stays true once it is: an Event, a record the test's
+workers or processes wrote, a metric, a final state. A state that can come and go between two
+polls (an annotation until the pod is evicted, a phase, a count at its lowest) is never polled:
+an Event that says it happened is waited on instead, or the state is read after the fact from
+every version a watch recorded (``tests/integration/history.py``).
 """
 
 from __future__ import annotations
