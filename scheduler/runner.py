@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -23,12 +23,11 @@ import structlog
 
 from scheduler.cache import Cache
 from scheduler.cache.cache import Snapshot
-from scheduler.cycle import Config, Decision, decide_in_turn, has_work
+from scheduler.cycle import Config, Decision, has_work
 from scheduler.gang import GangBuilder
 from scheduler.gang.group_status import GroupStatus, GroupStatuses
 from scheduler.metrics import Metrics
 from scheduler.model import (
-    Assignment,
     Gang,
     GangKey,
     GroupApi,
@@ -40,8 +39,9 @@ from scheduler.model import (
     split_group_ref,
 )
 from scheduler.queue import GangQueue
-from scheduler.reclaim_ledger import ReclaimLedger, Room
-from scheduler.torn import Torn, TornLedger
+from scheduler.reclaim_ledger import ReclaimLedger
+from scheduler.step import Ledgers, Opening, Outcome, Release, StepSettings, step
+from scheduler.torn import Torn
 
 log = structlog.get_logger("scheduler")
 
@@ -129,6 +129,18 @@ class Settings:
     #: missing members before its bound members are released (see :mod:`scheduler.torn`).
     torn_grace: float = 60.0
 
+    def step(self) -> StepSettings:
+        """What the step (:mod:`scheduler.step`) decides with."""
+        return StepSettings(
+            config=self.config,
+            initial_backoff=self.initial_backoff,
+            max_backoff=self.max_backoff,
+            batch_decisions=self.batch_decisions,
+            reclaim_grace=self.reclaim_grace,
+            hold_extra=self.hold_extra,
+            torn_grace=self.torn_grace,
+        )
+
 
 class Runner:
     def __init__(
@@ -148,9 +160,9 @@ class Runner:
         self.reporter = reporter
         self.settings = settings
         self.metrics = metrics or Metrics()
-        self.queue = GangQueue(
-            initial_backoff=settings.initial_backoff, max_backoff=settings.max_backoff
-        )
+        #: The step's state (backoffs, victims and held room, torn gangs): read and written on
+        #: the loop's thread only; worker threads leave their news in ``_news``.
+        self.ledgers = Ledgers(settings.step())
         self._clock = clock
         self._observe = observe
         self._wakeup = threading.Event()
@@ -162,19 +174,26 @@ class Runner:
         #: ``time.monotonic()`` when the loop last finished a cycle (or waited, not ready):
         #: ``/healthz`` fails when this grows old.
         self.completed_at = time.monotonic()
-        self._torn = TornLedger(settings.torn_grace)
         self._statuses = GroupStatuses(settings.scheduler_name)
         self._invalid_seen: dict[str, str] = {}
         self._gangs = GangBuilder(settings.scheduler_name)
         self.in_flight = 0
         self._lock = threading.Lock()
-        #: Victims, evictions in flight and room held per gang; read and written under the
-        #: runner's lock (evictions finish on worker threads).
-        self.reclaims = ReclaimLedger(settings.reclaim_grace, settings.hold_extra)
-        # Gangs whose binding failed since the last cycle (written by bind threads): they back
-        # off like a gang that did not fit, so a throttled or failing API server is not
-        # hammered with immediate retries.
+        # What worker threads learned since the last cycle, handed to the ledgers at its start
+        # (under the lock): gangs whose binding failed (they back off like a gang that did not
+        # fit, so a throttled or failing API server is not hammered with immediate retries),
+        # evictions that were accepted, evictions that failed.
         self._bind_failed: list[tuple[GangKey, float]] = []
+        self._evicted: list[PodKey] = []
+        self._eviction_failed: list[tuple[PodKey, float]] = []
+
+    @property
+    def queue(self) -> GangQueue:
+        return self.ledgers.queue
+
+    @property
+    def reclaims(self) -> ReclaimLedger:
+        return self.ledgers.reclaims
 
     def wake(self, *, freed: bool = False) -> None:
         """Something changed; ``freed`` when room may have appeared (ends every backoff)."""
@@ -220,50 +239,50 @@ class Runner:
     # -- one cycle ---------------------------------------------------------------------------------
     def run_once(self) -> tuple[Decision | None, float | None]:
         """One cycle; returns its decision (``None`` if no gang was ready) and, when idle, the
-        time the earliest backoff ends."""
+        time the step next has something to do (a backoff ends, an eviction, hold or release
+        falls due)."""
         started = time.perf_counter()
         now = self._clock()
         self._take_news(now)
         snapshot = self.cache.snapshot()
         gangs = self._read_gangs(snapshot, now)
         working = self._publish_state(gangs, snapshot, now)
-        leaving, reserved = self._track_victims(gangs, snapshot.pods, now)
-        self._track_torn(gangs, now)
-        first = self._decide_batch(
-            gangs,
-            snapshot,
-            now,
-            started,
-            reserved=reserved,
-            leaving=leaving,
-            pending_gangs=len(working),
-        )
+        this = step(self.ledgers, gangs, snapshot, now)
+        self._open(this.opening, now)
+        first = self._carry_out_batch(this.outcomes, snapshot, now, started, len(working))
         if first is None:
-            return None, self._next_due(working)
+            return None, self.ledgers.next_due(g.key for g in working)
         return first, None
 
     def _take_news(self, now: float) -> None:
         """What happened since the last cycle: room freed (every backoff ends), bindings that
-        failed (their gangs back off), assumed bindings never confirmed (forgotten)."""
+        failed (their gangs back off), evictions done or failed, assumed bindings never
+        confirmed (forgotten)."""
         if self._freed.is_set():
             self._freed.clear()
-            self.queue.wake()
+            self.ledgers.freed()
         with self._lock:
             failed, self._bind_failed = self._bind_failed, []
+            evicted, self._evicted = self._evicted, []
+            refused, self._eviction_failed = self._eviction_failed, []
         for gang_key, when in dict(failed).items():
-            self.queue.failed(gang_key, when)
+            self.ledgers.bind_failed(gang_key, when)
+        for key in evicted:
+            self.ledgers.evicted(key)
+        for key, when in refused:
+            self.ledgers.eviction_failed(key, when)
         for key in self.cache.expire(now):
             log.warning("assume_expired", pod=key)
 
     def _read_gangs(self, snapshot: Snapshot, now: float) -> list[Gang]:
-        """The snapshot's gangs; invalid ones are reported, and gangs gone leave the queue."""
+        """The snapshot's gangs; invalid ones are reported (gangs gone leave the queue in the
+        step)."""
         gangs, invalid = self._gangs.build(
             snapshot.pods.values(), snapshot.pod_groups, snapshot.members
         )
         if self._observe is not None:
             self._observe(snapshot, gangs, invalid, now)
         self._report_invalid(invalid)
-        self.queue.prune(g.key for g in gangs)
         return gangs
 
     def _publish_state(self, gangs: list[Gang], snapshot: Snapshot, now: float) -> list[Gang]:
@@ -281,78 +300,62 @@ class Runner:
         self.metrics.pending_gangs.set(len(working))
         return working
 
-    def _decide_batch(
+    def _open(self, opening: Opening, now: float) -> None:
+        """Carry out what the step does before its decisions: evictions due, torn gangs told
+        and released."""
+        for pod in opening.evict:
+            self._binds.submit(self._evict, pod)
+        for told in opening.told:
+            self._tell_torn(told)
+        for release in opening.released:
+            self._release(release, now)
+
+    def _carry_out_batch(
         self,
-        gangs: list[Gang],
+        outcomes: Generator[Outcome],
         snapshot: Snapshot,
         now: float,
         started: float,
-        *,
-        reserved: Mapping[GangKey, Room],
-        leaving: Mapping[GangKey, int],
         pending_gangs: int,
     ) -> Decision | None:
-        """Decide gangs in turn on the snapshot and carry out each decision, until one has
-        victims or the batch is full; returns the first decision (``None``: none was ready)."""
+        """Carry out the step's decisions as they come, until the step ends its batch or
+        ``batch_seconds`` have passed; returns the first decision (``None``: none was ready)."""
         decide_started = time.perf_counter()
-        with self._lock:
-            spent = self.reclaims.spent()
-        turn = decide_in_turn(
-            gangs,
-            self.queue,
-            snapshot,
-            now,
-            self.settings.config,
-            reserved=reserved,
-            leaving=leaving,
-            spent=spent,
-        )
         first: Decision | None = None
-        for count, decision in enumerate(turn, start=1):
-            decided = time.perf_counter()
-            first = first or decision
-            self._cycle += 1
-            self.metrics.decision_seconds.observe(decided - decide_started)
-            self._carry_out(decision, snapshot.pods, now)
-            duration = time.perf_counter() - started
-            self._log_decision(
-                decision, pending_gangs, len(snapshot.nodes), decided - decide_started, duration
-            )
-            if self._batch_ends(decision, count, started):
-                break
-            started = decide_started = time.perf_counter()
-        turn.close()
+        try:
+            for outcome in outcomes:
+                decided = time.perf_counter()
+                decision = outcome.decision
+                first = first or decision
+                self._cycle += 1
+                self.metrics.decision_seconds.observe(decided - decide_started)
+                self._carry_out(outcome, now)
+                duration = time.perf_counter() - started
+                self._log_decision(
+                    decision,
+                    pending_gangs,
+                    len(snapshot.nodes),
+                    decided - decide_started,
+                    duration,
+                )
+                if time.perf_counter() - started >= self.settings.batch_seconds:
+                    break
+                started = decide_started = time.perf_counter()
+        finally:
+            outcomes.close()
         return first
 
-    def _carry_out(self, decision: Decision, pods: Mapping[PodKey, PodRequest], now: float) -> None:
-        """Apply one decision; a fault fails only its gang (it backs off, the cycle goes on)."""
+    def _carry_out(self, outcome: Outcome, now: float) -> None:
+        """Carry out one decision; a fault fails only its gang (it backs off, the cycle goes
+        on)."""
+        decision = outcome.decision
         if decision.fault is not None:
             log.error("decision_failed", gang=decision.gang.key, error=decision.fault)
         try:
-            self._apply(decision, pods, now)
+            self._apply(outcome, now)
         except Exception:  # one gang's fault: it backs off, the cycle goes on
             log.exception("apply_failed", gang=decision.gang.key)
-            self.queue.failed(decision.gang.key, now)
-
-    def _batch_ends(self, decision: Decision, count: int, started: float) -> bool:
-        """Stop after a decision with victims (the room it holds changes what the next gangs
-        may use), after ``batch_decisions``, or once ``batch_seconds`` have passed since
-        ``started``."""
-        return bool(
-            decision.victims
-            or count >= self.settings.batch_decisions
-            or time.perf_counter() - started >= self.settings.batch_seconds
-        )
-
-    def _next_due(self, working: list[Gang]) -> float | None:
-        """When an idle loop looks again: the earliest end of a backoff, an eviction or hold
-        falling due, or a torn gang's release (``None``: only when woken)."""
-        backoff_ends = self.queue.next_ready(g.key for g in working)
-        times = [t for t in [backoff_ends, self._reclaim_due()] if t is not None]
-        torn_due = self._torn.next_due()
-        if torn_due is not None:
-            times.append(torn_due)
-        return min(times) if times else None
+            self.ledgers.bind_failed(decision.gang.key, now)
 
     def _log_decision(
         self, decision: Decision, pending_gangs: int, nodes: int, decide: float, duration: float
@@ -386,36 +389,27 @@ class Runner:
             reason=decision.unschedulable.message() if decision.unschedulable else None,
         )
 
-    def _apply(self, decision: Decision, pods: Mapping[PodKey, PodRequest], now: float) -> None:
+    def _apply(self, outcome: Outcome, now: float) -> None:
+        decision = outcome.decision
         gang = decision.gang
-        if decision.victims:
-            self._reclaim(decision, pods, now)
-        self._stuck(decision, now)
-        why = decision.unschedulable
-        if why is not None:
-            self.reporter.unschedulable(gang, gang.pending, why.message(), waiting=why.waiting)
-        elif decision.surplus_unschedulable is not None:
-            placed = {a.pod for a in decision.bindings}
-            waiting = [p for p in gang.pending if p.key not in placed]
-            message = (
-                f"Surplus member of gang {gang.name} (minimum {gang.min_member} met): "
-                f"{decision.surplus_unschedulable.message()}"
+        self._reclaim(outcome)
+        if outcome.told is not None:
+            self._tell_torn(outcome.told)
+        unplaced = outcome.unplaced
+        if unplaced is not None:
+            self.reporter.unschedulable(
+                gang, unplaced.pods, unplaced.message, waiting=unplaced.waiting
             )
-            self.reporter.unschedulable(gang, waiting, message)
-        if not decision.bindings:
+        if not outcome.binds:
             return
-        with self._lock:
-            self.reclaims.placed(gang.key)
         if decision.min_count and gang.min_missing > 0:
             self.metrics.gang_latency_seconds.observe(max(0.0, now - gang.created))
         self.cache.assume(decision.bindings, now)
-        members = {p.key: p for p in gang.members}
-        for assignment in decision.bindings:
-            pod = members[assignment.pod]
+        for pod, node in outcome.binds:
             with self._lock:
                 self.in_flight += 1
-            future = self._binds.submit(self._bind, pod, assignment.node)
-            future.add_done_callback(functools.partial(self._bound, gang, pod, assignment))
+            future = self._binds.submit(self._bind, pod, node)
+            future.add_done_callback(functools.partial(self._bound, gang, pod, node))
 
     def _bind(self, pod: PodRequest, node: NodeName) -> str | None:
         # The node was in the decision's snapshot; it may have been deleted since. The API
@@ -425,7 +419,7 @@ class Runner:
         return self.binder.bind(pod, node)
 
     def _bound(
-        self, gang: Gang, pod: PodRequest, a: Assignment, future: Future[str | None]
+        self, gang: Gang, pod: PodRequest, node: NodeName, future: Future[str | None]
     ) -> None:
         with self._lock:
             self.in_flight -= 1
@@ -435,12 +429,12 @@ class Runner:
             error = f"{type(exc).__name__}: {exc}"
         if error is None:
             self.metrics.binds.labels("ok").inc()
-            self.reporter.scheduled(gang, pod, a.node)
+            self.reporter.scheduled(gang, pod, node)
             return
         self.metrics.binds.labels("error").inc()
-        self.cache.forget(a.pod)
-        log.warning("bind_failed", pod=a.pod, node=a.node, gang=gang.key, error=error)
-        self.reporter.bind_failed(pod, a.node, error)
+        self.cache.forget(pod.key)
+        log.warning("bind_failed", pod=pod.key, node=node, gang=gang.key, error=error)
+        self.reporter.bind_failed(pod, node, error)
         with self._lock:
             self._bind_failed.append((gang.key, self._clock()))
         # Not "freed": the room was only assumed, and ending every backoff on each failure
@@ -448,53 +442,22 @@ class Runner:
         self.wake()
 
     # -- reclaim -----------------------------------------------------------------------------------
-    def _reclaim(self, decision: Decision, pods: Mapping[PodKey, PodRequest], now: float) -> None:
-        gang = decision.gang
-        members = {p.key: p for p in gang.members}
-        victims = [pods[key] for key in decision.victims if key in pods]
-        with self._lock:
-            leave_by = self.reclaims.chosen(
-                gang.key,
-                (p.key for p in victims),
-                ((a.node, members[a.pod].requests) for a in decision.nominated),
-                now,
-            )
-        for a in decision.nominated:
-            self.reporter.nominated(members[a.pod], a.node)
-        for pod in victims:
+    def _reclaim(self, outcome: Outcome) -> None:
+        """Hold room for the gang (``nominatedNodeName``) and ask the victims asked now to
+        leave by their leave-by."""
+        gang = outcome.decision.gang
+        for pod, node in outcome.nominated:
+            self.reporter.nominated(pod, node)
+        leave_by = outcome.leave_by
+        if leave_by is None:
+            return
+        for pod in outcome.asked:
             self.metrics.reclaims.inc()
             log.info("reclaim", pod=pod.key, gang=gang.key, deadline=leave_by)
             self.reporter.asked_to_leave(pod, gang, leave_by)
             self._binds.submit(
                 self._write, "ask_to_leave", self.binder.ask_to_leave, pod, leave_by, gang.key
             )
-
-    def _track_victims(
-        self, gangs: list[Gang], pods: Mapping[PodKey, PodRequest], now: float
-    ) -> tuple[Mapping[GangKey, int], dict[GangKey, Room]]:
-        """Bring the reclaim ledger up to ``now`` and evict the victims that are due; returns
-        per gang how many of its victims are still there, and the room held per gang."""
-        with self._lock:
-            update = self.reclaims.update(gangs, pods, now)
-            due = self.reclaims.due(pods, now)
-            reserved = self.reclaims.reserved()
-        for key in due:
-            self._binds.submit(self._evict, pods[key])
-        return update.leaving, reserved
-
-    def _reclaim_due(self) -> float | None:
-        """When an eviction falls due or a hold ends next (the idle loop wakes then)."""
-        with self._lock:
-            return self.reclaims.next_due()
-
-    def _track_torn(self, gangs: list[Gang], now: float) -> None:
-        """Tell users about stuck torn gangs (again when what they are told changes); release
-        the ones stuck past the grace."""
-        update = self._torn.update(gangs, now)
-        for told in update.told:
-            self._tell_torn(told)
-        for due in update.due:
-            self._release(due, now)
 
     def _tell_torn(self, torn: Torn) -> None:
         gang = torn.gang
@@ -510,31 +473,14 @@ class Runner:
             )
         self.reporter.torn(gang, torn.release_at)
 
-    def _stuck(self, decision: Decision, now: float) -> None:
-        """A torn gang whose members exist but found no room is stuck, unless room is on its
-        way (victims chosen now, or asked to leave for it before)."""
-        why = decision.unschedulable
-        if why is None or why.waiting or decision.victims or decision.fault is not None:
-            return
-        with self._lock:
-            if self.reclaims.leaving().get(decision.gang.key):
-                return
-        told = self._torn.stuck(decision.gang, now)
-        if told is not None:
-            self._tell_torn(told)
-
-    def _release(self, torn: Torn, now: float) -> None:
+    def _release(self, release: Release, now: float) -> None:
         """Ask a torn gang's survivors to leave, as a reclaim does (``shoal.dev/leave-by``, the
         node agent tells their workers); the reclaim ledger evicts each at its leave-by unless
-        it acknowledged first. Members already asked to leave (for any gang) are spent: they
-        keep the leave-by they have."""
+        it acknowledged first. Members already asked to leave (for any gang) are spent: the
+        step leaves them out, they keep the leave-by they have."""
+        torn = release.torn
         gang = torn.gang
-        alive = torn.survivors
-        with self._lock:
-            keys, leave_by = self.reclaims.ask(gang.key, (p.key for p in alive), (), now)
-        fresh = set(keys)
-        asked = [p for p in alive if p.key in fresh]
-        if not asked:
+        if not release.asked:
             return
         log.warning(
             "torn_gang_released",
@@ -542,13 +488,18 @@ class Runner:
             bound=len(torn.survivors),
             min=gang.min_member,
             torn_seconds=round(now - torn.since, 1),
-            deadline=leave_by,
+            deadline=release.leave_by,
         )
         self.metrics.torn_released.inc()
-        self.reporter.released(gang, torn.since, leave_by)
-        for pod in asked:
+        self.reporter.released(gang, torn.since, release.leave_by)
+        for pod in release.asked:
             self._binds.submit(
-                self._write, "ask_to_leave", self.binder.ask_to_leave, pod, leave_by, gang.key
+                self._write,
+                "ask_to_leave",
+                self.binder.ask_to_leave,
+                pod,
+                release.leave_by,
+                gang.key,
             )
 
     def _evict(self, pod: PodRequest) -> None:
@@ -556,15 +507,16 @@ class Runner:
             error = self.binder.evict(pod)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-        # Only now may the loop evict this pod again (a victim: a little later, on failure).
+        # Only now may the loop evict this pod again (a victim: a little later, on failure);
+        # the ledgers hear of it at the start of the next cycle.
         if error is not None:
             log.warning("evict_failed", pod=pod.key, error=error)
             with self._lock:
-                self.reclaims.eviction_failed(pod.key, self._clock())
+                self._eviction_failed.append((pod.key, self._clock()))
         else:
             log.info("evicted", pod=pod.key)
             with self._lock:
-                self.reclaims.evicted(pod.key)
+                self._evicted.append(pod.key)
         self.wake()
 
     def _write(self, action: str, fn: Callable[..., str | None], *args: object) -> None:

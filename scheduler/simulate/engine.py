@@ -3,9 +3,12 @@
 Model, stated so results can be read correctly:
 
 - Time is virtual. Events (job arrival, job completion, a node joining, a revocation notice, a
-  node disappearing, a metrics sample) are processed in time order; after each batch of events
-  at one instant the scheduler runs cycles (:func:`scheduler.cycle.decide_in_turn`, one decision
-  per snapshot) until no gang is ready, as the live scheduler does after a cluster event.
+  node disappearing, a metrics sample, a moment the step's ledgers say something falls due) are
+  processed in time order; after each batch of events at one instant the simulator runs the live
+  loop's step (:func:`scheduler.step.step`: ledgers, evictions due, torn gangs, then gangs decided
+  in turn on one snapshot, a batch of them) until no gang is ready, as the live scheduler does
+  after a cluster event. It carries out the step's effects on the simulated cluster: a binding
+  binds at once, an eviction succeeds at once.
 - A job is a gang of ``max_pods`` members of ``pod_gpus`` GPUs; it makes progress only while at
   least ``min_pods`` members are bound, at a rate proportional to the members bound (linear
   scaling), and finishes when it has done ``duration`` seconds of full-size work.
@@ -16,7 +19,10 @@ Model, stated so results can be read correctly:
   (the node agent) the scheduler stops placing on the node ``notice_seconds`` before that, and the
   node's workers checkpoint (``checkpoint_seconds``, during which the job makes no progress) and
   leave: no work is lost. Without it the workers die at removal and their job rolls back to its
-  last periodic checkpoint. Either way a gang left below its minimum stops whole and waits to be
+  last periodic checkpoint. Either way a gang left below its minimum makes no progress; it is
+  *torn* (:mod:`scheduler.torn`), as in the live loop: it comes first in the next decisions, and
+  if no room is found for its missing members its survivors keep their GPUs for the torn grace,
+  then are asked to leave (the reclaim grace) and evicted, and the whole gang waits to be
   admitted again.
 - Reclaim, with the live loop's ledger (:mod:`scheduler.reclaim_ledger`): when a gang's minimum
   does not fit and the cycle names victims (surplus members of other gangs), the room it
@@ -41,12 +47,13 @@ from typing import Any
 from contracts import names
 from scheduler import topology
 from scheduler.cache import Cache, Snapshot
-from scheduler.cycle import Config, Decision, decide_in_turn
-from scheduler.model import Gang, GangKey, Node, NodeName, PodKey, PodRequest, Resources
+from scheduler.cycle import Config, Decision
+from scheduler.model import Assignment, Gang, GangKey, Node, NodeName, PodKey, PodRequest, Resources
 from scheduler.placement.score import Weights
 from scheduler.queue import GangQueue
 from scheduler.reclaim_ledger import ReclaimLedger
 from scheduler.simulate.inputs import JobSpec, SpotEvent
+from scheduler.step import Ledgers, Opening, Step, StepSettings, step
 
 NAMESPACE = "sim"
 _EPS = 1e-6
@@ -79,6 +86,12 @@ class Settings:
     reclaim_grace: float = 30.0
     #: Room held for a gang after its victims were chosen, beyond the grace (the live default).
     hold_extra: float = 120.0
+    #: How long a torn gang stays stuck before its survivors are released (the live default).
+    torn_grace: float = 60.0
+    #: Gangs decided in turn on one snapshot, at most (the live default).
+    batch_decisions: int = 64
+    #: Keep every effect of the step in ``Result.effects`` (for comparing with the live loop).
+    record_effects: bool = False
     #: Stop the clock here even if jobs remain (seconds after the first submission).
     horizon: float | None = None
 
@@ -179,6 +192,13 @@ class Result:
     spot_nodes_unmapped: int = 0
     reclaimed_pods: int = 0
     reclaim_lost_gpu_seconds: float = 0.0
+    #: Gangs torn below their minimum and told so, and those released (survivors asked to
+    #: leave), with the members evicted for it.
+    torn_told: int = 0
+    torn_released: int = 0
+    torn_released_pods: int = 0
+    #: With ``record_effects``: (time, effect, pod or gang, detail) as the loop carried them out.
+    effects: list[tuple[float, str, str, str]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         done = [j for j in self.jobs if j["finished"] is not None]
@@ -228,6 +248,9 @@ class Result:
             ),
             "reclaimed_pods": self.reclaimed_pods,
             "reclaim_lost_gpu_hours": round(self.reclaim_lost_gpu_seconds / 3600, 2),
+            "torn_gangs_told": self.torn_told,
+            "torn_gangs_released": self.torn_released,
+            "torn_released_pods": self.torn_released_pods,
             "scheduling_cycles": self.cycles,
             "decision_ms_p50": _pct([d * 1000 for d in decisions], 50),
             "decision_ms_p99": _pct([d * 1000 for d in decisions], 99),
@@ -289,7 +312,16 @@ class Simulation:
         self.settings = settings
         self.result = Result(policy=policy, settings=settings)
         self.cache = Cache(assume_ttl=math.inf, topology_keys=self.config.topology_keys)
-        self.queue = GangQueue()
+        #: The live loop's step state: backoffs, victims and held room, torn gangs.
+        self.ledgers = Ledgers(
+            StepSettings(
+                config=self.config,
+                batch_decisions=settings.batch_decisions,
+                reclaim_grace=settings.reclaim_grace,
+                hold_extra=settings.hold_extra,
+                torn_grace=settings.torn_grace,
+            )
+        )
         self.nodes = {n.name: n for n in nodes}
         self.live: set[NodeName] = set()
         self.jobs = {
@@ -298,14 +330,22 @@ class Simulation:
         }
         self.active: dict[str, _Job] = {}
         self.owner = {key: job for job in self.jobs.values() for key in job.pods}
-        #: Reclaim state, the live loop's: victims, when they go, room held per gang.
-        self.reclaims = ReclaimLedger(settings.reclaim_grace, settings.hold_extra)
-        #: Times at which a "reclaim" event is queued (one per instant is enough).
-        self._reclaim_ticks: set[float] = set()
+        #: Members of torn gangs asked to leave (their eviction is not a reclaim).
+        self._released: set[PodKey] = set()
+        #: Times at which a "tick" event is queued (one per instant is enough).
+        self._ticks: set[float] = set()
         self._events: list[tuple[float, int, str, Any]] = []
         self._current: tuple[float, int, int, float, int] | None = None
         self._seq = itertools.count()
         self._plan(spot)
+
+    @property
+    def queue(self) -> GangQueue:
+        return self.ledgers.queue
+
+    @property
+    def reclaims(self) -> ReclaimLedger:
+        return self.ledgers.reclaims
 
     # -- set-up ------------------------------------------------------------------------------
     def _push(self, when: float, kind: str, data: Any) -> None:
@@ -367,19 +407,17 @@ class Simulation:
                 break
             self._integrate(at)
             now = at
-            freed = arrived = sample = False
+            effects: set[str] = set()
             while self._events and self._events[0][0] == now:
                 _, _, kind, data = heapq.heappop(self._events)
-                effect = self._handle(kind, data, now)
-                freed |= effect == "freed"
-                arrived |= effect == "arrived"
-                sample |= effect == "sample"
-            if freed or arrived:
+                effects.add(self._handle(kind, data, now))
+            if effects & {"freed", "arrived", "tick"}:
                 # Like the live scheduler: gangs backing off are retried when room may have
-                # been freed; a new gang is tried at once either way.
-                self._schedule(now, wake=freed)
-            self._wake_for_reclaim(now)
-            self._observe(now, sample=sample)
+                # been freed; a new gang is tried at once either way; the step runs when its
+                # ledgers said something falls due.
+                self._schedule(now, wake="freed" in effects)
+            self._wake_for_step(now)
+            self._observe(now, sample="sample" in effects)
             if not self.active and all(j.finished is not None for j in self.jobs.values()):
                 break
         for job in self.jobs.values():
@@ -391,7 +429,7 @@ class Simulation:
 
     def _handle(self, kind: str, data: Any, now: float) -> str:
         """Apply one event; says whether it "freed" room, "arrived" a gang, asks for a
-        "sample", or none of these ("")."""
+        "sample", for the step ("tick"), or none of these ("")."""
         match kind:
             case "arrive":
                 effect = self._on_arrive(data, now)
@@ -403,8 +441,8 @@ class Simulation:
                 effect = self._on_notice(data, now)
             case "remove":
                 effect = self._on_remove(data, now)
-            case "reclaim":
-                effect = self._on_reclaim(now)
+            case "tick":
+                effect = self._on_tick(now)
             case "sample":
                 effect = self._on_sample(now)
             case _:
@@ -454,10 +492,11 @@ class Simulation:
             self._revoke(node, now, notice=0.0, remove=True)
         return "freed"
 
-    def _on_reclaim(self, now: float) -> str:
-        """Reclaim work may be due: holds that ended, victims to evict."""
-        self._reclaim_ticks.discard(now)
-        return "freed" if self._reclaim_due(now) else ""
+    def _on_tick(self, now: float) -> str:
+        """The step's ledgers have something due: a hold that ends, a victim to evict, a torn
+        gang to release."""
+        self._ticks.discard(now)
+        return "tick"
 
     def _on_sample(self, now: float) -> str:
         """Take a sample; the next one is queued while anything is running or still to come."""
@@ -467,69 +506,83 @@ class Simulation:
 
     # -- scheduling --------------------------------------------------------------------------
     def _schedule(self, now: float, *, wake: bool) -> None:
+        """Run the live loop's step until no gang is ready: each step on a fresh snapshot,
+        its effects carried out on the simulated cluster at once."""
         if wake:
-            self.queue.wake()
+            self.ledgers.freed()
         while True:
             gangs = [job.gang() for job in self.active.values()]
             snapshot = self.cache.snapshot()
-            leaving = self.reclaims.update(gangs, snapshot.pods, now).leaving
-            reserved = self.reclaims.reserved()
-            started = time.perf_counter()
-            # The live loop's decisions, one per snapshot: cycles cost no virtual time, so
-            # there is nothing to amortise by deciding several gangs on one snapshot.
-            turn = decide_in_turn(
-                gangs,
-                self.queue,
-                snapshot,
-                now,
-                self.config,
-                reserved=reserved,
-                leaving=leaving,
-                spent=self.reclaims.spent(),
-            )
-            decision = next(turn, None)
-            turn.close()
-            if decision is None:
+            this = step(self.ledgers, gangs, snapshot, now)
+            freed = self._open(this.opening, now)
+            decided = self._carry_out(this, snapshot, now)
+            if freed:
+                self.ledgers.freed()
+            elif not decided:
                 return
-            self.result.cycles += 1
-            self.result.decision_seconds.append(time.perf_counter() - started)
-            if decision.victims:
-                self._reclaim(decision, now)
-            if decision.progressed:
-                # Measured on the view the cycle decided on: the snapshot less others' holds.
-                view = snapshot.with_reserved(
-                    r for key, held in reserved.items() if key != decision.gang.key for r in held
-                )
-                self._apply(decision, view, now)
 
-    def _reclaim(self, decision: Decision, now: float) -> None:
-        """Hold the nominated room for the gang and ask the victims to leave after the grace."""
-        gang = decision.gang
-        members = {p.key: p for p in gang.members}
-        self.reclaims.chosen(
-            gang.key,
-            decision.victims,
-            ((a.node, members[a.pod].requests) for a in decision.nominated),
-            now,
-        )
-
-    def _reclaim_due(self, now: float) -> bool:
-        """Give up the holds that ended and evict the victims that are due, as the live loop
-        does each cycle; says whether room was freed."""
-        gangs = [job.gang() for job in self.active.values()]
-        pods = self.cache.snapshot().pods
-        freed = bool(self.reclaims.update(gangs, pods, now).expired)
-        for key in self.reclaims.due(pods, now):
-            freed |= self._leave(key, now)
-            self.reclaims.evicted(key)
+    def _open(self, opening: Opening, now: float) -> bool:
+        """Evict the victims due (they leave at once), tell and release torn gangs; says
+        whether room was freed (a hold given back counts)."""
+        freed = bool(opening.expired)
+        for pod in opening.evict:
+            self._effect(now, "evict", pod.name)
+            freed |= self._leave(pod.key, now)
+            self.ledgers.evicted(pod.key)
+        for told in opening.told:
+            self.result.torn_told += told.first
+            self._effect(now, "torn", told.gang.name, f"{told.release_at:g}")
+        for release in opening.released:
+            if not release.asked:
+                continue
+            self.result.torn_released += 1
+            self._effect(now, "released", release.torn.gang.name, f"{release.leave_by:g}")
+            for pod in release.asked:
+                self._released.add(pod.key)
+                self._effect(now, "ask", pod.name, f"{release.leave_by:g}")
         return freed
 
-    def _wake_for_reclaim(self, now: float) -> None:
-        """Stop the clock when the reclaim ledger next has something due."""
-        due = self.reclaims.next_due()
-        if due is not None and due >= now and due not in self._reclaim_ticks:
-            self._reclaim_ticks.add(due)
-            self._push(due, "reclaim", None)
+    def _carry_out(self, this: Step, snapshot: Snapshot, now: float) -> bool:
+        """Carry out the step's decisions in turn; says whether there was any. Each one's
+        placement is measured on the view it was decided on: the snapshot with the batch's
+        earlier bindings, less the room held for other gangs."""
+        placed: list[Assignment] = []
+        decided = False
+        started = time.perf_counter()
+        for outcome in this.outcomes:
+            decided = True
+            self.result.cycles += 1
+            self.result.decision_seconds.append(time.perf_counter() - started)
+            decision = outcome.decision
+            if outcome.told is not None:
+                self.result.torn_told += outcome.told.first
+                gang_name = decision.gang.name
+                self._effect(now, "torn", gang_name, f"{outcome.told.release_at:g}")
+            for pod in outcome.asked:
+                self._effect(now, "ask", pod.name, f"{outcome.leave_by:g}")
+            if decision.progressed:
+                held = this.reserved.items()
+                view = snapshot.with_assignments(placed).with_reserved(
+                    r for key, room in held if key != decision.gang.key for r in room
+                )
+                placed.extend(decision.bindings)
+                for pod, node in outcome.binds:
+                    self._effect(now, "bind", pod.name, node)
+                self._apply(decision, view, now)
+            started = time.perf_counter()
+        return decided
+
+    def _effect(self, now: float, kind: str, name: str, detail: str = "") -> None:
+        if self.settings.record_effects:
+            self.result.effects.append((now, kind, name, detail))
+
+    def _wake_for_step(self, now: float) -> None:
+        """Stop the clock when the step's ledgers next have something due (an eviction, a
+        hold that ends, a torn gang's release)."""
+        due = self.ledgers.next_due()
+        if due is not None and due >= now and due not in self._ticks:
+            self._ticks.add(due)
+            self._push(due, "tick", None)
 
     def _apply(self, decision: Decision, snapshot: Snapshot, now: float) -> None:
         job = self.active[decision.gang.name]
@@ -542,7 +595,6 @@ class Simulation:
             job.bound_count += 1
             self.cache.set_pod(pod)
         job.changed()
-        self.reclaims.placed(job.key)
         if job.spec.min_pods >= 2 and decision.min_count and not job.rack_measured:
             job.rack_measured = True
             quorum = [a.node for a in decision.bindings[: decision.min_count]]
@@ -617,13 +669,14 @@ class Simulation:
             else:
                 record.lost_gpu_seconds += (job.work - job.saved) * job.spec.gpus
                 job.work = job.saved
+            was_running = job.running
             for key in leaving:
                 self._unbind(job, key)
-            if 0 < job.bound < job.spec.min_pods:
-                for key in [k for k, p in job.pods.items() if p.node is not None]:
-                    self._unbind(job, key)
-            if job.bound == 0:
-                job.down_since = now
+            if not job.running:
+                # Stopped (its survivors, if any, wait torn for the rest): down until it runs
+                # again.
+                if was_running or job.down_since is None:
+                    job.down_since = now
                 job.down_revocations.append(record_index)
             else:
                 record.downtime_seconds += pause
@@ -636,7 +689,11 @@ class Simulation:
         if job.finished is not None or job.pods[key].node is None:
             return False
         self._advance(job, now)
-        self.result.reclaimed_pods += 1
+        if key in self._released:
+            self._released.discard(key)
+            self.result.torn_released_pods += 1
+        else:
+            self.result.reclaimed_pods += 1
         pause = self.settings.restart_seconds
         if self.settings.checkpoint_on_notice:
             job.saved = job.work
@@ -645,9 +702,6 @@ class Simulation:
             self.result.reclaim_lost_gpu_seconds += (job.work - job.saved) * job.spec.gpus
             job.work = job.saved
         self._unbind(job, key)
-        if 0 < job.bound < job.spec.min_pods:  # a whole-gang victim: every member goes
-            for other in [k for k, p in job.pods.items() if p.node is not None]:
-                self._unbind(job, other)
         job.paused_until = now + pause
         self._reschedule_finish(job, now)
         return True

@@ -273,14 +273,15 @@ def test_a_waiting_gang_takes_room_from_surplus_the_way_the_live_loop_reclaims(
 def test_the_simulator_uses_the_live_cycle_and_placement_functions(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from scheduler import cycle, reclaim, runner, topology
+    from scheduler import cycle, reclaim, runner, step, topology
     from scheduler.placement import search
 
-    # The very function objects the live loop calls.
-    assert vars(engine)["decide_in_turn"] is vars(runner)["decide_in_turn"] is cycle.decide_in_turn
+    # The very step the live loop runs (tests/unit/scheduler/test_step.py compares what the
+    # two do with it).
+    assert vars(engine)["step"] is vars(runner)["step"] is step.step
+    assert vars(engine)["Ledgers"] is vars(runner)["Ledgers"]
     assert vars(cycle)["place"] is search.place
     assert vars(engine)["topology"] is topology
-    assert vars(engine)["ReclaimLedger"] is vars(runner)["ReclaimLedger"]
     # And they are what runs: spy on the live modules' placement search and reclaim planner.
     calls: dict[str, int] = {"place": 0, "plan": 0}
     real_place, real_plan = search.place, reclaim.plan

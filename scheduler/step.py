@@ -1,0 +1,264 @@
+"""One step of the scheduling loop, the same for the live loop and the simulator. Pure.
+
+The live loop (:mod:`scheduler.runner`, on the API server's clock) and the simulator
+(:mod:`scheduler.simulate.engine`, on a virtual one) each take a snapshot, build the gangs, and
+run :func:`step`; they differ only in how they carry out its effects (API writes on a worker
+pool, or changes to a simulated cluster) and in how they learn what happened since (informers,
+or the simulator's own events). Every piece of time-dependent state the step reads and writes
+lives in :class:`Ledgers`: the queue's backoffs (:mod:`scheduler.queue`), victims and held room
+(:mod:`scheduler.reclaim_ledger`), torn gangs (:mod:`scheduler.torn`).
+
+The story of a step at ``now``, on a snapshot and every gang built from it::
+
+    ledgers  queue forgets gangs gone; the reclaim ledger adopts victims a previous instance
+             chose, forgets those that left, gives up holds that ended
+    due      victims whose leave-by passed are handed out for eviction (Opening.evict);
+             stuck torn gangs are told (Opening.told), those past their grace released: their
+             survivors are asked to leave through the reclaim ledger (Opening.released)
+    decide   gangs in turn on the snapshot (scheduler.cycle.decide_in_turn), lazily, one
+             Outcome each, each decision on the room the ones before it left
+    apply    each decision's ledger side before it is handed out: victims asked (never one
+             already asked), room held or given to the members placed, a torn gang with no
+             room and none on its way is stuck; what its pods are told (Outcome.unplaced)
+
+A step decides for at most ``batch_decisions`` gangs and ends after a decision with victims (the
+room it holds changes what the next gangs may use). The caller may stop taking outcomes sooner
+(the live loop has a time budget): each outcome's ledger side is applied before it is handed
+out, so an outcome not taken was never decided. News from outside comes back through
+:meth:`Ledgers.freed`, :meth:`Ledgers.bind_failed`, :meth:`Ledgers.evicted` and
+:meth:`Ledgers.eviction_failed`, between steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from scheduler.cache import Snapshot
+from scheduler.cycle import Config, Decision, decide_in_turn
+from scheduler.model import Gang, GangKey, NodeName, PodKey, PodRequest
+from scheduler.queue import GangQueue
+from scheduler.reclaim_ledger import ReclaimLedger, Room
+from scheduler.torn import Torn, TornLedger
+
+
+@dataclass(frozen=True, slots=True)
+class StepSettings:
+    """What a step decides with; the live loop's defaults (``scheduler.runner.Settings``)."""
+
+    config: Config = field(default_factory=Config)
+    initial_backoff: float = 1.0
+    max_backoff: float = 10.0
+    #: A step decides for up to this many gangs in turn on its snapshot.
+    batch_decisions: int = 64
+    #: Seconds between asking a reclaimed pod to leave and evicting it.
+    reclaim_grace: float = 30.0
+    #: Room held for a gang after its victims were chosen, beyond the grace.
+    hold_extra: float = 120.0
+    #: How long a gang may stay torn and stuck before its survivors are released.
+    torn_grace: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """A torn gang past its grace: ``asked`` (its survivors not asked before) leave by
+    ``leave_by``."""
+
+    torn: Torn
+    asked: tuple[PodRequest, ...]
+    leave_by: float
+
+
+@dataclass(frozen=True, slots=True)
+class Unplaced:
+    """``pods`` of ``gang`` wait, for the reason ``message``; ``waiting``: only for members."""
+
+    gang: Gang
+    pods: tuple[PodRequest, ...]
+    message: str
+    waiting: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Opening:
+    """What a step does before its decisions."""
+
+    #: Victims to evict now (in flight until :meth:`Ledgers.evicted` or ``eviction_failed``).
+    evict: tuple[PodRequest, ...] = ()
+    #: Stuck torn gangs to tell (again when what they are told changes).
+    told: tuple[Torn, ...] = ()
+    #: Torn gangs released now.
+    released: tuple[Release, ...] = ()
+    #: Gangs whose held room was given back (room freed for the others).
+    expired: tuple[GangKey, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One decision and what carrying it out means."""
+
+    decision: Decision
+    #: Victims asked to leave now for the gang, by ``leave_by`` (none already asked before).
+    asked: tuple[PodRequest, ...] = ()
+    leave_by: float | None = None
+    #: Room held for these members of the gang meanwhile (``status.nominatedNodeName``).
+    nominated: tuple[tuple[PodRequest, NodeName], ...] = ()
+    #: The gang is torn and stuck: tell its users (new, or what it says changed).
+    told: Torn | None = None
+    #: What the gang's waiting pods are told.
+    unplaced: Unplaced | None = None
+    #: The pods placed, with their nodes (minimum quorum first).
+    binds: tuple[tuple[PodRequest, NodeName], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    opening: Opening
+    #: Room held per gang when the decisions began (charged to every other gang).
+    reserved: Mapping[GangKey, Room]
+    #: The decisions, lazily; close it to stop early.
+    outcomes: Generator[Outcome]
+
+
+class Ledgers:
+    """The step's state between steps: backoffs, victims and held room, torn gangs."""
+
+    def __init__(self, settings: StepSettings) -> None:
+        self.settings = settings
+        self.queue = GangQueue(
+            initial_backoff=settings.initial_backoff, max_backoff=settings.max_backoff
+        )
+        self.reclaims = ReclaimLedger(settings.reclaim_grace, settings.hold_extra)
+        self.torn = TornLedger(settings.torn_grace)
+
+    # -- news from outside, between steps ---------------------------------------------------------
+    def freed(self) -> None:
+        """Room may have appeared: every backoff ends."""
+        self.queue.wake()
+
+    def bind_failed(self, gang: GangKey, when: float) -> None:
+        """A binding of ``gang`` failed at ``when``: it backs off like a gang that did not fit."""
+        self.queue.failed(gang, when)
+
+    def evicted(self, key: PodKey) -> None:
+        self.reclaims.evicted(key)
+
+    def eviction_failed(self, key: PodKey, now: float) -> None:
+        self.reclaims.eviction_failed(key, now)
+
+    def next_due(self, working: Iterable[GangKey] = ()) -> float | None:
+        """When a step has something to do without news: an eviction or hold falling due, a
+        torn gang's release, or the end of the backoff of one of ``working``."""
+        times = [
+            self.queue.next_ready(working),
+            self.reclaims.next_due(),
+            self.torn.next_due(),
+        ]
+        return min((t for t in times if t is not None), default=None)
+
+
+def step(ledgers: Ledgers, gangs: Sequence[Gang], snapshot: Snapshot, now: float) -> Step:
+    """One step at ``now`` on ``snapshot`` and ``gangs`` (every gang built from it)."""
+    ledgers.queue.prune(g.key for g in gangs)
+    reclaims = ledgers.reclaims
+    update = reclaims.update(gangs, snapshot.pods, now)
+    evict = tuple(snapshot.pods[key] for key in reclaims.due(snapshot.pods, now))
+    reserved = reclaims.reserved()
+    torn = ledgers.torn.update(gangs, now)
+    released = tuple(_release(reclaims, due, now) for due in torn.due)
+    opening = Opening(evict, torn.told, released, update.expired)
+    outcomes = _decide(ledgers, gangs, snapshot, now, reserved=reserved, leaving=update.leaving)
+    return Step(opening, reserved, outcomes)
+
+
+def _release(reclaims: ReclaimLedger, torn: Torn, now: float) -> Release:
+    """Ask a torn gang's survivors to leave as a reclaim does; members already asked to leave
+    (for any gang) keep the leave-by they have."""
+    alive = torn.survivors
+    keys, leave_by = reclaims.ask(torn.gang.key, (p.key for p in alive), (), now)
+    fresh = set(keys)
+    return Release(torn, tuple(p for p in alive if p.key in fresh), leave_by)
+
+
+def _decide(
+    ledgers: Ledgers,
+    gangs: Sequence[Gang],
+    snapshot: Snapshot,
+    now: float,
+    *,
+    reserved: Mapping[GangKey, Room],
+    leaving: Mapping[GangKey, int],
+) -> Generator[Outcome]:
+    settings = ledgers.settings
+    turn = decide_in_turn(
+        gangs,
+        ledgers.queue,
+        snapshot,
+        now,
+        settings.config,
+        reserved=reserved,
+        leaving=leaving,
+        spent=ledgers.reclaims.spent(),
+    )
+    try:
+        for count, decision in enumerate(turn, start=1):
+            yield _apply(ledgers, decision, snapshot.pods, now)
+            if decision.victims or count >= settings.batch_decisions:
+                return
+    finally:
+        turn.close()
+
+
+def _apply(
+    ledgers: Ledgers, decision: Decision, pods: Mapping[PodKey, PodRequest], now: float
+) -> Outcome:
+    """The ledger side of ``decision``, and what carrying it out means."""
+    gang = decision.gang
+    members = {p.key: p for p in gang.members}
+    asked: tuple[PodRequest, ...] = ()
+    leave_by: float | None = None
+    if decision.victims:
+        victims = [pods[key] for key in decision.victims if key in pods]
+        room = ((a.node, members[a.pod].requests) for a in decision.nominated)
+        keys, leave_by = ledgers.reclaims.ask(gang.key, (p.key for p in victims), room, now)
+        fresh = set(keys)
+        asked = tuple(p for p in victims if p.key in fresh)
+    told = _stuck(ledgers, decision, now)
+    if decision.bindings:
+        ledgers.reclaims.placed(gang.key)
+    return Outcome(
+        decision,
+        asked=asked,
+        leave_by=leave_by,
+        nominated=tuple((members[a.pod], a.node) for a in decision.nominated),
+        told=told,
+        unplaced=_unplaced(decision),
+        binds=tuple((members[a.pod], a.node) for a in decision.bindings),
+    )
+
+
+def _stuck(ledgers: Ledgers, decision: Decision, now: float) -> Torn | None:
+    """A torn gang whose members exist but found no room is stuck, unless room is on its way
+    (victims chosen now, or asked to leave for it before)."""
+    why = decision.unschedulable
+    if why is None or why.waiting or decision.victims or decision.fault is not None:
+        return None
+    if ledgers.reclaims.leaving().get(decision.gang.key):
+        return None
+    return ledgers.torn.stuck(decision.gang, now)
+
+
+def _unplaced(decision: Decision) -> Unplaced | None:
+    gang = decision.gang
+    why = decision.unschedulable
+    if why is not None:
+        return Unplaced(gang, gang.pending, why.message(), waiting=why.waiting)
+    if decision.surplus_unschedulable is not None:
+        placed = {a.pod for a in decision.bindings}
+        waiting = tuple(p for p in gang.pending if p.key not in placed)
+        message = (
+            f"Surplus member of gang {gang.name} (minimum {gang.min_member} met): "
+            f"{decision.surplus_unschedulable.message()}"
+        )
+        return Unplaced(gang, waiting, message)
+    return None
