@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from common.listwatch import Gone
 from nodeagent.events import Notice, Pod, Tracked
 
 T = TypeVar("T")
@@ -38,8 +39,9 @@ class ClusterPort(Protocol):
     def write_topology(self, text: str) -> None: ...
 
 
-class WatchExpired(Exception):
-    """The version a watch started from is too old (HTTP 410 Gone): list again."""
+#: The version a watch started from is too old (HTTP 410 Gone): list again (the shared loop's
+#: :class:`common.listwatch.Gone`).
+WatchExpired = Gone
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,6 @@
 """List, then watch: how the agent follows what it reads from the API server (its pods, its own
-Node, the Events of the reasons it is told to heed), as client-go's reflectors do.
+Node, the Events of the reasons it is told to heed), with the loop both programs share
+(:mod:`common.listwatch`).
 
 A :class:`Follower` lists (its owner's ``relist``, which applies the whole list and hands the
 list's version to :meth:`Follower.listed`), then watches from that version, each change handed
@@ -22,17 +23,16 @@ per feed every ``watch_timeout`` to twice that, and one list per ``relist_every`
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import structlog
 
-from nodeagent.calls import Change, Feed, WatchExpired
+from common import listwatch
+from nodeagent.calls import Change, Feed
 
 log = structlog.get_logger("nodeagent")
 
@@ -51,9 +51,22 @@ class WatchSettings:
     retry_after: float = 0.25
     max_backoff: float = 1.0
 
+    def policy(self) -> listwatch.Policy:
+        """The shared loop's policy: watches spread over one to two timeouts, waits drawn
+        between half and all of the backoff."""
+        return listwatch.Policy(
+            watch_timeout=self.watch_timeout,
+            watch_spread=2.0,
+            relist_every=self.relist_every,
+            retry_after=self.retry_after,
+            max_backoff=self.max_backoff,
+            jitter=0.5,
+        )
+
 
 class Follower(Generic[T]):
-    """Follows one feed (:meth:`run`) until stopped; ``what`` names it in logs and threads."""
+    """Follows one feed (:meth:`run`) until stopped, with the shared loop
+    (:mod:`common.listwatch`); ``what`` names it in logs and threads."""
 
     def __init__(
         self,
@@ -71,69 +84,51 @@ class Follower(Generic[T]):
         self._changed = changed
         self._settings = settings or WatchSettings()
         self._rng = rng or random.Random()  # noqa: S311 (jitter, not secrets)
-        #: The newest version seen (a list's or a change's), to watch from.
-        self.version = ""
-        #: A watch is open now.
-        self.watching = False
-        #: Why the last list or watch failed, until a list or a watch is answered again.
-        self.error: str | None = None
-        self._listed_at = -float("inf")
-        self._stopping = False
+        self._cursor = listwatch.Cursor()
+        self._watch = listwatch.AsyncWatch(
+            feed.watch, feed.stop_watch, name=f"nodeagent-{what}-watch"
+        )
+
+    @property
+    def version(self) -> str:
+        """The newest version seen (a list's or a change's), to watch from."""
+        return self._cursor.version
+
+    @property
+    def watching(self) -> bool:
+        """A watch is open now."""
+        return self._cursor.watching
+
+    @property
+    def error(self) -> str | None:
+        """Why the last list or watch failed, until a list or a watch is answered again."""
+        return self._cursor.error
 
     def listed(self, version: str) -> None:
         """A whole list at ``version`` was applied: the next watch starts from it."""
-        self.version = version
-        self._listed_at = time.monotonic()
-        self.error = None
+        self._cursor.listed(version, time.monotonic())
 
     async def run(self) -> None:
         """List, then watch; never returns."""
-        s = self._settings
-        backoff = s.retry_after
-        relist = False
-        while True:
-            try:
-                if relist or time.monotonic() - self._listed_at >= s.relist_every:
-                    await self._relist()
-                    relist = False
-                self.watching = True
-                await self._watch()
-                backoff, self.error = s.retry_after, None
-            except WatchExpired as exc:
-                log.info(
-                    f"{self.what}_watch_expired_relisting", version=self.version, detail=str(exc)
-                )
-                relist = True
-            except Exception as exc:
-                self.error = str(exc) or type(exc).__name__
-                log.warning(f"{self.what}_watch_failed", error=self.error)
-                await asyncio.sleep(backoff * self._rng.uniform(0.5, 1.0))
-                backoff = min(backoff * 2, s.max_backoff)
-            finally:
-                self.watching = False
+        hooks = listwatch.Hooks(expired=self._expired, failed=self._failed)
+        steps = listwatch.steps(self._cursor, self._settings.policy(), hooks, rng=self._rng)
+        await listwatch.run_async(
+            steps, self._cursor, relist=self._relist, source=self._watch, changed=self._change
+        )
 
-    async def _watch(self) -> None:
-        """One watch from the newest version, until it ends; each change handed over as it
-        comes."""
-        timeout = round(self._settings.watch_timeout * self._rng.uniform(1.0, 2.0))
-        watch = _WatchThread(asyncio.get_running_loop(), self._change, lambda: self._stopping)
-        try:
-            await watch.run(self._feed, self.version, timeout, f"nodeagent-{self.what}-watch")
-        except asyncio.CancelledError:
-            self._feed.stop_watch()
-            raise
+    def _expired(self, exc: Exception) -> None:
+        log.info(f"{self.what}_watch_expired_relisting", version=self.version, detail=str(exc))
+
+    def _failed(self, _exc: Exception) -> None:
+        log.warning(f"{self.what}_watch_failed", error=self.error)
 
     def _change(self, change: Change[T]) -> None:
-        if change.version:
-            self.version = change.version
-        self.error = None
         if change.item is not None:
             self._changed(change)
 
     def stop(self) -> None:
         """End the watch under way; changes still on their way are dropped."""
-        self._stopping = True
-        self._feed.stop_watch()
+        self._watch.stop()
 
 
 class Mirror(Generic[T]):
@@ -173,48 +168,3 @@ class Mirror(Generic[T]):
         else:
             self.items[key] = change.item
         self._changed()
-
-
-class _WatchThread(Generic[T]):
-    """One watch, read on a daemon thread of its own; its changes, then its end, are handed to
-    the event loop in order."""
-
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        changed: Callable[[Change[T]], None],
-        stopping: Callable[[], bool],
-    ) -> None:
-        self._loop = loop
-        self._changed = changed
-        self._stopping = stopping
-        self._ended: asyncio.Future[None] = loop.create_future()
-
-    async def run(self, feed: Feed[T], version: str, seconds: int, name: str) -> None:
-        thread = threading.Thread(target=self._follow, args=(feed, version, seconds), name=name)
-        thread.daemon = True
-        thread.start()
-        await self._ended
-
-    def _hand(self, call: Callable[[Any], None], arg: Any) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop closed: the agent stopped
-            self._loop.call_soon_threadsafe(call, arg)
-
-    def _end(self, error: BaseException | None) -> None:
-        if self._ended.done():
-            return
-        if error is None:
-            self._ended.set_result(None)
-        else:
-            self._ended.set_exception(error)
-
-    def _follow(self, feed: Feed[T], version: str, timeout: int) -> None:
-        try:
-            for change in feed.watch(version, timeout):
-                if self._stopping():
-                    break
-                self._hand(self._changed, change)
-        except Exception as exc:
-            self._hand(self._end, exc)
-        else:
-            self._hand(self._end, None)

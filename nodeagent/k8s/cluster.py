@@ -20,6 +20,7 @@ import structlog
 from urllib3.exceptions import HTTPError
 
 from common.kubeevents import EventSource, event_body
+from common.listwatch import WatchError, decode
 from contracts import names
 from nodeagent.calls import Change, PodChange, WatchExpired
 from nodeagent.events import (
@@ -216,21 +217,19 @@ def watch_change(
     parse: Callable[[dict[str, Any]], T],
     finished: Callable[[dict[str, Any]], bool] = _never,
 ) -> Change[T] | None:
-    """One line of a watch as a change (an object that is ``finished`` is gone); None for an
-    event of no other type. Raises :class:`WatchExpired` on a 410 ``ERROR`` event,
-    :class:`ApiError` on another."""
-    kind = event.get("type")
-    obj = event.get("object") or {}
-    if kind == "ERROR":
-        if obj.get("code") == 410:
-            raise WatchExpired(str(obj.get("message") or "410 Gone"))
-        raise ApiError(f"watch: {str(obj.get('message') or obj)[:300]}")
-    version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
-    if kind == "BOOKMARK":
-        return Change(None, gone=False, version=version)
-    if kind not in ("ADDED", "MODIFIED", "DELETED"):
+    """One line of a watch (read by :func:`common.listwatch.decode`) as a change (an object
+    that is ``finished`` is gone); None for an event of no other type. Raises
+    :class:`WatchExpired` on a 410 ``ERROR`` event, :class:`ApiError` on another."""
+    try:
+        line = decode(event)
+    except WatchError as exc:
+        raise ApiError(f"watch: {exc}") from exc
+    if line.type == "BOOKMARK":
+        return Change(None, gone=False, version=line.version)
+    if line.type not in ("ADDED", "MODIFIED", "DELETED"):
         return None
-    return Change(parse(obj), gone=kind == "DELETED" or finished(obj), version=version)
+    gone = line.type == "DELETED" or finished(line.object)
+    return Change(parse(line.object), gone=gone, version=line.version)
 
 
 def pod_change(event: dict[str, Any]) -> PodChange | None:

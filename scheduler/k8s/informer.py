@@ -1,10 +1,13 @@
-"""List/watch of one resource kind, on a thread, as raw JSON.
+"""List/watch of one resource kind, on a thread, as raw JSON, with the loop both programs share
+(:mod:`common.listwatch`).
 
 The loop (as kopf and client-go do it): list (in pages) and hand the whole set to ``on_list``;
 watch from the list's resourceVersion with bookmarks, handing each change to ``on_event`` and
 remembering the newest resourceVersion; when a watch ends, watch again from there; on
 ``410 Gone`` (the version was compacted away) list again. Any other failure is logged and retried
-after a capped backoff, so a flaky API server never kills the scheduler.
+after a capped backoff, so a flaky API server never kills the scheduler. A kind the API server
+does not serve (``missing_ok``: a CRD not installed) is an empty set, asked for again now and
+then.
 
 Every request has a client-side timeout: a connection that goes silent (a stalled load balancer,
 a half-open TCP connection after a network partition) ends in an error and a retry, not in an
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +30,9 @@ from typing import Any
 import structlog
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
+
+from common import listwatch
+from common.listwatch import Gone
 
 log = structlog.get_logger("scheduler.informer")
 
@@ -35,9 +42,7 @@ Lister = Callable[..., Any]  # a generated list_* method of the official client
 #: Seconds a watch may stay silent beyond its server-side timeout before the client gives up.
 WATCH_MARGIN = 30
 
-
-class Gone(Exception):
-    """The watch's resourceVersion is too old (HTTP 410): list again."""
+__all__ = ["WATCH_MARGIN", "Gone", "Handlers", "Informer", "Lister"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,16 +69,22 @@ class Informer:
         self._lister = lister
         self._handlers = handlers
         self._page_size = page_size
-        self._watch_timeout = watch_timeout
-        self._max_backoff = max_backoff
+        self._policy = listwatch.Policy(
+            watch_timeout=watch_timeout, retry_after=0.5, max_backoff=max_backoff
+        )
         self._request_timeout = request_timeout
         self._kwargs = dict(list_kwargs or {})
         self._missing_ok = missing_ok
         self.synced = threading.Event()
-        self.resource_version = ""
+        self._cursor = listwatch.Cursor()
         self._stop = threading.Event()
         self._response: Any = None
         self._thread = threading.Thread(target=self._run, name=f"informer-{kind}", daemon=True)
+
+    @property
+    def resource_version(self) -> str:
+        """The newest version seen (a list's, a change's or a bookmark's), to watch from."""
+        return self._cursor.version
 
     def start(self) -> None:
         self._thread.start()
@@ -95,36 +106,32 @@ class Informer:
 
     # -- the loop --------------------------------------------------------------------------------
     def _run(self) -> None:
-        backoff = 0.5
-        need_list = True
-        while not self._stop.is_set():
-            try:
-                if need_list:
-                    self._list()
-                    need_list = False
-                self._watch()
-                backoff = 0.5
-            except Gone:
-                log.info("watch_expired_relisting", kind=self.kind, rv=self.resource_version)
-                need_list = True
-            except Exception as exc:
-                if self._stop.is_set():
-                    return
-                status = exc.status if isinstance(exc, ApiException) else None
-                if status == 404 and self._missing_ok:
-                    # The resource kind is not installed (a CRD): an empty set, checked again.
-                    if not self.synced.is_set():
-                        self._handlers.on_list([])
-                        self.synced.set()
-                        log.info("resource_not_installed", kind=self.kind)
-                    need_list = True
-                    self._stop.wait(self._max_backoff)
-                    continue
-                log.warning("informer_error", kind=self.kind, error=str(exc)[:300], status=status)
-                if status == 410:
-                    need_list = True
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, self._max_backoff)
+        hooks = listwatch.Hooks(expired=self._expired, failed=self._failed, absent=self._absent)
+        listwatch.run_blocking(
+            listwatch.steps(self._cursor, self._policy, hooks),
+            self._cursor,
+            relist=self._list,
+            watch=self._watch,
+            changed=self._event,
+            stop=self._stop,
+        )
+
+    def _expired(self, _exc: Exception) -> None:
+        log.info("watch_expired_relisting", kind=self.kind, rv=self.resource_version)
+
+    def _failed(self, exc: Exception) -> None:
+        status = exc.status if isinstance(exc, ApiException) else None
+        log.warning("informer_error", kind=self.kind, error=str(exc)[:300], status=status)
+
+    def _absent(self, exc: Exception) -> bool:
+        """The resource kind is not installed (a CRD): an empty set, checked again later."""
+        if not (self._missing_ok and isinstance(exc, ApiException) and exc.status == 404):
+            return False
+        if not self.synced.is_set():
+            self._handlers.on_list([])
+            self.synced.set()
+            log.info("resource_not_installed", kind=self.kind)
+        return True
 
     def _list(self) -> None:
         items: list[dict[str, Any]] = []
@@ -142,46 +149,38 @@ class Informer:
             meta = doc.get("metadata") or {}
             cont = meta.get("continue")
             if not cont:
-                self.resource_version = str(meta.get("resourceVersion", ""))
+                version = str(meta.get("resourceVersion", ""))
                 break
         self._handlers.on_list(items)
+        self._cursor.listed(version, time.monotonic())
         self.synced.set()
         log.info("informer_listed", kind=self.kind, items=len(items), rv=self.resource_version)
 
-    def _watch(self) -> None:
-        response = self._lister(
-            watch=True,
-            resource_version=self.resource_version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=self._watch_timeout,
-            _preload_content=False,
-            # (connect, read): a read waits at most as long as the server keeps a watch open.
-            _request_timeout=(self._request_timeout, self._watch_timeout + WATCH_MARGIN),
-            **self._kwargs,
-        )
+    def _watch(self, version: str, timeout: int) -> Iterator[listwatch.WatchEvent]:
+        try:
+            response = self._lister(
+                watch=True,
+                resource_version=version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=timeout,
+                _preload_content=False,
+                # (connect, read): a read waits at most as long as the server keeps a watch open.
+                _request_timeout=(self._request_timeout, timeout + WATCH_MARGIN),
+                **self._kwargs,
+            )
+        except ApiException as exc:
+            if exc.status == 410:
+                raise Gone(str(exc)[:300]) from exc
+            raise
         self._response = response
         try:
-            for event in _events(response):
-                if self._stop.is_set():
-                    return
-                kind = event.get("type")
-                obj = event.get("object") or {}
-                if kind == "ERROR":
-                    if obj.get("code") == 410:
-                        raise Gone
-                    raise RuntimeError(f"watch error: {obj.get('message', obj)}")
-                rv = (obj.get("metadata") or {}).get("resourceVersion")
-                if rv:
-                    self.resource_version = str(rv)
-                if kind == "BOOKMARK":
-                    continue
-                self._handlers.on_event(str(kind), obj)
+            for line in iter_resp_lines(response):
+                if line:
+                    yield listwatch.decode(line)
         finally:
             self._response = None
             response.release_conn()
 
-
-def _events(response: Any) -> Iterator[dict[str, Any]]:
-    for line in iter_resp_lines(response):
-        if line:
-            yield json.loads(line)
+    def _event(self, event: listwatch.WatchEvent) -> None:
+        if event.type != "BOOKMARK":
+            self._handlers.on_event(event.type, event.object)
