@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
+from common import kubeconfig as kubeconfigs
 from scheduler.k8s import convert
 from scheduler.model import PodGroup
 from shoalctl.views import Cluster
@@ -36,40 +36,26 @@ class ReadError(Exception):
 
 
 def connect(kubeconfig: str | None, context: str | None) -> Any:
-    """An ApiClient from the kubeconfig kubectl would use."""
-    files = kubeconfig or os.environ.get("KUBECONFIG") or str(Path("~/.kube/config").expanduser())
-    present = [f for f in files.split(os.pathsep) if f and Path(f).expanduser().exists()]
+    """An ApiClient from the kubeconfig kubectl would use (:mod:`common.kubeconfig`)."""
     try:
-        if kubeconfig or present:
-            return config.new_client_from_config(
-                config_file=kubeconfig or os.pathsep.join(present), context=context
-            )
-        try:
-            config.load_incluster_config()
-        except ConfigException:
-            raise ReadError(
-                f"no kubeconfig found ({files}) and not running in a cluster; "
-                "pass --kubeconfig or set KUBECONFIG"
-            ) from None
-        return client.ApiClient()
-    except (ConfigException, OSError, ValueError) as exc:
-        where = kubeconfig or files
+        found = kubeconfigs.load(kubeconfig, context=context, discover=True)
+        return kubeconfigs.official_client(found, client, config)
+    except kubeconfigs.NotFound:
+        files = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        raise ReadError(
+            f"no kubeconfig found ({files}) and not running in a cluster; "
+            "pass --kubeconfig or set KUBECONFIG"
+        ) from None
+    except kubeconfigs.KubeconfigError as exc:  # it names the file and the field
+        raise ReadError(f"cannot use {exc}") from None
+    except (ConfigException, OSError) as exc:  # the official loader, for a credential plugin
+        where = kubeconfig or os.pathsep.join(kubeconfigs.kubeconfig_files(None))
         raise ReadError(f"cannot use kubeconfig {where}: {exc}") from None
 
 
 def default_namespace(kubeconfig: str | None, context: str | None) -> str:
     """The namespace of the kubeconfig's context (``default`` when none), as kubectl uses it."""
-    files = kubeconfig or os.environ.get("KUBECONFIG") or str(Path("~/.kube/config").expanduser())
-    present = [f for f in files.split(os.pathsep) if f and Path(f).expanduser().exists()]
-    if not present:
-        found = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-        return found.read_text().strip() if found.exists() else "default"
-    try:
-        contexts, active = config.list_kube_config_contexts(config_file=os.pathsep.join(present))
-    except (ConfigException, OSError, ValueError):
-        return "default"
-    chosen = next((c for c in contexts if c["name"] == context), active) if context else active
-    return str(((chosen or {}).get("context") or {}).get("namespace") or "default")
+    return kubeconfigs.namespace(kubeconfig, context)
 
 
 def _items(response: Any) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from kubernetes import client, config
 
+from common import kubeconfig
 from contracts import names
 
 
@@ -80,11 +81,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--namespace and --selector are required")
     if not str(args.slots).isdecimal() or int(args.slots) < 1:
         p.error(f"--slots: expected a positive integer, got {args.slots!r}")
-    if args.kubeconfig:
-        api = config.new_client_from_config(config_file=args.kubeconfig)
-    else:
-        config.load_incluster_config()
-        api = client.ApiClient()
+    try:
+        api = kubeconfig.official_client(kubeconfig.load(args.kubeconfig), client, config)
+    except kubeconfig.KubeconfigError as exc:
+        # Names the file and the field, never a value (kubeconfigs hold tokens and keys).
+        print(f"{p.prog}: {exc}", file=sys.stderr)
+        return 2
     with api:
         for line in hosts(
             client.CoreV1Api(api), args.namespace, args.selector, int(args.slots), args.format

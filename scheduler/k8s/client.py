@@ -3,20 +3,18 @@ fence on a leader's writes."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import structlog
-import yaml
 from kubernetes import client, config
 from kubernetes.config.config_exception import ConfigException
+
+from common import kubeconfig
 
 log = structlog.get_logger("scheduler.api")
 
@@ -49,62 +47,28 @@ class TokenBucket:
             time.sleep(wait)
 
 
-class KubeconfigError(ValueError):
-    """The kubeconfig (or in-cluster config) cannot be used. The message names the file and
-    where in it, never a value: a kubeconfig holds tokens and keys, and this message is printed."""
+#: The kubeconfig (or in-cluster config) cannot be used; the message names the file and where in
+#: it, never a value (:mod:`common.kubeconfig`).
+KubeconfigError = kubeconfig.KubeconfigError
 
 
-def _load(kubeconfig: str | None) -> Any:
-    if kubeconfig:
-        return config.new_client_from_config(config_file=kubeconfig)
-    config.load_incluster_config()
-    return client.ApiClient()
-
-
-def _undecodable_field(kubeconfig: str) -> str | None:
-    """The first ``*-data`` field of the kubeconfig that is not base64, as ``users['u'].user.
-    client-key-data`` (the loader's own error does not say which)."""
+def api_client(kubeconfig_file: str | None, *, pool_size: int = 32) -> Any:
+    """An ApiClient from a kubeconfig file, or the in-cluster config when none is given (read
+    by :mod:`common.kubeconfig`); :class:`KubeconfigError` when it cannot be loaded."""
+    where = f"kubeconfig {kubeconfig_file}" if kubeconfig_file else "in-cluster config"
     try:
-        doc = yaml.safe_load(Path(kubeconfig).read_text())
-    except (OSError, yaml.YAMLError):
-        return None
-    if not isinstance(doc, dict):
-        return None
-    for section, inner in (("users", "user"), ("clusters", "cluster")):
-        for item in doc.get(section) or []:
-            values = item.get(inner) if isinstance(item, dict) else None
-            for key, value in (values or {}).items() if isinstance(values, dict) else ():
-                if str(key).endswith("-data"):
-                    try:
-                        base64.b64decode(str(value), validate=True)
-                    except (binascii.Error, ValueError):
-                        return f"{section}[{item.get('name')!r}].{inner}.{key}"
-    return None
-
-
-def api_client(kubeconfig: str | None, *, pool_size: int = 32) -> Any:
-    """An ApiClient from a kubeconfig file, or the in-cluster config when none is given;
-    :class:`KubeconfigError` when it cannot be loaded."""
-    where = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster config"
-    try:
-        api = _load(kubeconfig)
-    except yaml.YAMLError as exc:
-        # PyYAML's message quotes the offending line, which may be a token: say where only.
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise KubeconfigError(f"{where}: not valid YAML{at}") from None
+        api = kubeconfig.official_client(kubeconfig.load(kubeconfig_file), client, config)
+    except KubeconfigError:
+        raise
     except OSError as exc:
         named = f": {exc.filename}" if exc.filename else ""
         raise KubeconfigError(f"{where}: {exc.strerror or type(exc).__name__}{named}") from None
     except ConfigException as exc:
-        # The loader's own messages name keys and entries, not their values.
+        # The official loader (for a credential plugin) names keys and entries, not values.
         raise KubeconfigError(f"{where}: {exc}") from None
     except Exception as exc:
-        # Anything else may carry a value it choked on (a token, a key): the field, if it is
-        # one we can tell, and the kind of error only.
-        field = _undecodable_field(kubeconfig) if kubeconfig else None
-        what = f"{field} is not valid base64" if field else "cannot be used"
-        raise KubeconfigError(f"{where}: {what} ({type(exc).__name__})") from None
+        # Anything else may carry a value it choked on (a token, a key): its kind only.
+        raise KubeconfigError(f"{where}: cannot be used ({type(exc).__name__})") from None
     api.configuration.connection_pool_maxsize = pool_size
     api.rest_client.pool_manager.connection_pool_kw["maxsize"] = pool_size
     return api

@@ -83,5 +83,24 @@ def test_in_cluster_needs_the_service_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    with pytest.raises(Unsupported, match="KUBERNETES_SERVICE_HOST"):
+    with pytest.raises(KubeconfigError, match="KUBERNETES_SERVICE_HOST"):
         in_cluster(tmp_path)
+    # Said as a kubeconfig error (the agent exits 2 with it), not left to the official client.
+    with pytest.raises(KubeconfigError, match="not in a cluster"):
+        connect(None, on_fallback=pytest.fail)
+
+
+def test_a_proxy_goes_to_the_official_client_with_its_settings(tmp_path: Path) -> None:
+    path = kubeconfig(tmp_path, {"token": "t"})
+    doc = yaml.safe_load(Path(path).read_text())
+    doc["clusters"][0]["cluster"]["proxy-url"] = "http://127.0.0.1:3128"
+    Path(path).write_text(yaml.safe_dump(doc))
+    reasons: list[str] = []
+    transport = connect(path, on_fallback=reasons.append)
+    assert isinstance(transport, ClientTransport)
+    assert transport.api.configuration.proxy == "http://127.0.0.1:3128"
+    assert transport.api.configuration.api_key["BearerToken"] == "Bearer t"
+    assert reasons == [
+        f"kubeconfig {path}: clusters['c'].cluster.proxy-url needs the official client"
+    ]
+    transport.close()
