@@ -111,20 +111,23 @@ class ClientConfig:
         configuration says (None for plain HTTP); the key is never left in a file."""
         if not self.server.startswith("https"):
             return None
-        context = ssl.create_default_context()
         if self.insecure:
+            context = ssl.create_default_context()
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
         elif self.ca_data is not None:
             try:
-                context.load_verify_locations(cadata=self.ca_data.decode())
+                # Only the cluster's CA is trusted (as kubectl and the official client do).
+                context = ssl.create_default_context(cadata=self.ca_data.decode())
             except (ssl.SSLError, UnicodeDecodeError):
                 raise KubeconfigError(
                     f"{self.where}: {self.cluster_at}.certificate-authority-data is not a "
                     "certificate"
                 ) from None
         elif self.ca_file is not None:
-            context.load_verify_locations(cafile=self.ca_file)
+            context = ssl.create_default_context(cafile=self.ca_file)
+        else:
+            context = ssl.create_default_context()
         self._client_certificate(context)
         return context
 

@@ -147,7 +147,9 @@ def test_tls_settings_reach_both_kinds_of_client(tmp_path: Path) -> None:
         ),
     )
     found = kubeconfig.load(path)
-    assert found.ssl_context() is not None  # the CA and the key pair load
+    context = found.ssl_context()  # the CA and the key pair load
+    assert context is not None
+    assert len(context.get_ca_certs()) == 1  # the cluster's CA only, not the system's too
     official = found.official()
     assert official["host"] == "https://127.0.0.1:6443"
     assert official["verify_ssl"] is True
