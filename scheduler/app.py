@@ -145,7 +145,14 @@ def _wire(settings: CliSettings, api: Any, workers: int) -> _Program:
     writes = api if elector is None else FencedApi(api, elector.refusal)
     # Events and conditions get their own budget (as kube-scheduler's event client does), so
     # telling users about a decision never slows down carrying it out.
-    reporter = ApiReporter(writes, TokenBucket(float(settings.qps), int(settings.burst)), name)
+    # PodGroup status and Events go in the version of each kind its informer found served
+    # (the view is built below, hence the lambda).
+    reporter = ApiReporter(
+        writes,
+        TokenBucket(float(settings.qps), int(settings.burst)),
+        name,
+        served=lambda kind: view.served(kind),  # noqa: PLW0108
+    )
     metrics.status_backlog.set_function(lambda: reporter.backlog)
     binder = ApiBinder(writes, limiter, cache.has_node)
     feed = Feed(name) if settings.web_view else None

@@ -316,41 +316,27 @@ class InvalidGang:
     reason: str = "InvalidGang"
 
 
-class GroupApi(StrEnum):
-    """The API groups whose PodGroup kinds define gangs."""
-
-    SCHEDULER_PLUGINS = "scheduling.x-k8s.io"
-    VOLCANO = "scheduling.volcano.sh"
-    KUBERNETES = "scheduling.k8s.io"
-
-
-#: The middle part of a group reference (``namespace/<tag>/name``) for each API but
-#: scheduler-plugins', whose references stay ``namespace/name``.
-_GROUP_TAGS = {GroupApi.VOLCANO: "volcano", GroupApi.KUBERNETES: "k8s"}
-_TAG_GROUPS = {tag: api for api, tag in _GROUP_TAGS.items()}
+def group_ref(tag: str, namespace: str, name: str) -> str:
+    """How gangs, the cache and status writes name a PodGroup of the kind tagged ``tag``
+    (:mod:`scheduler.gang.kinds`): ``namespace/name`` for the kind without a tag
+    (scheduler-plugins'), ``namespace/<tag>/name`` for the others, ``namespace/volcano/name``
+    say (object names hold no ``/``, so these never collide)."""
+    return f"{namespace}/{name}" if not tag else f"{namespace}/{tag}/{name}"
 
 
-def group_ref(api: GroupApi, namespace: str, name: str) -> str:
-    """How gangs, the cache and status writes name a PodGroup of ``api``: ``namespace/name``
-    for scheduler-plugins, ``namespace/volcano/name`` and ``namespace/k8s/name`` for the others
-    (object names hold no ``/``, so these never collide)."""
-    tag = _GROUP_TAGS.get(api)
-    return f"{namespace}/{name}" if tag is None else f"{namespace}/{tag}/{name}"
-
-
-def split_group_ref(ref: str) -> tuple[GroupApi, str, str]:
-    """``(api, namespace, name)`` of a :func:`group_ref`."""
+def split_group_ref(ref: str) -> tuple[str, str, str]:
+    """``(tag, namespace, name)`` of a :func:`group_ref`."""
     parts = ref.split("/")
-    if len(parts) == 3 and parts[1] in _TAG_GROUPS:
-        return _TAG_GROUPS[parts[1]], parts[0], parts[2]
+    if len(parts) == 3:
+        return parts[1], parts[0], parts[2]
     namespace, name = ref.split("/", 1)
-    return GroupApi.SCHEDULER_PLUGINS, namespace, name
+    return "", namespace, name
 
 
 @dataclass(frozen=True, slots=True)
 class PodGroup:
-    """A PodGroup as read from the API, not yet validated: scheduler-plugins'
-    ``scheduling.x-k8s.io/v1alpha1`` unless ``api`` says otherwise.
+    """A PodGroup as read from the API, not yet validated, of the kind whose tag is ``kind``
+    (:mod:`scheduler.gang.kinds`; "": scheduler-plugins' ``scheduling.x-k8s.io``).
 
     ``min_member`` keeps the raw value so that a wrong one can be reported, not lost (Volcano's
     ``spec.minMember``, Kubernetes' ``spec.schedulingPolicy.gang.minCount``).
@@ -365,7 +351,7 @@ class PodGroup:
     #: ``status.phase`` and ``status.scheduleStartTime`` as stored ("" and ``None`` when unset).
     phase: str = ""
     schedule_start: float | None = None
-    api: GroupApi = GroupApi.SCHEDULER_PLUGINS
+    kind: str = ""
     #: The API version the object was read in (status writes use it).
     version: str = ""
     #: Volcano ``spec.minTaskMember``: the least member pods per task name (raw values).
@@ -378,7 +364,7 @@ class PodGroup:
 
     @property
     def ref(self) -> str:
-        return group_ref(self.api, self.namespace, self.name)
+        return group_ref(self.kind, self.namespace, self.name)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,16 +19,9 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from common import kubeconfig as kubeconfigs
-from scheduler.k8s import convert
+from scheduler.gang.kinds import KINDS, Api, Kinds
 from scheduler.model import PodGroup
 from shoalctl.views import Cluster
-
-#: (group, versions newest first) of each PodGroup kind the scheduler reads.
-GROUPS = (
-    ("scheduling.x-k8s.io", ("v1alpha1",)),
-    ("scheduling.volcano.sh", ("v1beta1",)),
-    ("scheduling.k8s.io", ("v1beta1", "v1alpha3")),
-)
 
 
 class ReadError(Exception):
@@ -68,7 +61,8 @@ def _denied(what: str, exc: ApiException) -> ReadError:
 
 
 class Reader:
-    def __init__(self, api: Any) -> None:
+    def __init__(self, api: Any, kinds: Kinds = KINDS) -> None:
+        self.kinds = kinds
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.scheduling = client.SchedulingV1Api(api)
@@ -101,22 +95,23 @@ class Reader:
                 return []
             raise _denied("events", exc) from None
 
-    def _groups(self, group: str, versions: tuple[str, ...], namespace: str | None) -> list[Any]:
-        for version in versions:
+    def _groups(self, api: Api, namespace: str | None) -> list[Any]:
+        """The objects of one PodGroup kind, in the newest of its versions served."""
+        for version in api.versions:
             try:
                 if namespace is None:
-                    found = self.custom.list_cluster_custom_object(group, version, "podgroups")
+                    found = self.custom.list_cluster_custom_object(api.group, version, api.plural)
                 else:
                     found = self.custom.list_namespaced_custom_object(
-                        group, version, namespace, "podgroups"
+                        api.group, version, namespace, api.plural
                     )
             except ApiException as exc:
                 if exc.status == 404:
                     continue
                 if exc.status == 403:
-                    print(f"note: cannot list podgroups.{group} ({exc.reason})", file=sys.stderr)
+                    print(f"note: cannot list {api.resource} ({exc.reason})", file=sys.stderr)
                     return []
-                raise _denied(f"podgroups.{group}", exc) from None
+                raise _denied(api.resource, exc) from None
             return list(found.get("items") or [])
         return []
 
@@ -128,13 +123,10 @@ class Reader:
         return {str(i["metadata"]["name"]): int(i.get("value") or 0) for i in found}
 
     def pod_groups(self, namespace: str | None) -> list[PodGroup]:
-        plugins, volcano, kubernetes = (self._groups(g, v, namespace) for g, v in GROUPS)
-        priorities = self.priorities() if volcano else {}
-        return [
-            *(convert.pod_group(r) for r in plugins),
-            *(convert.volcano_pod_group(r, priorities) for r in volcano),
-            *(convert.kubernetes_pod_group(r) for r in kubernetes),
-        ]
+        found = [(kind, self._groups(kind.api, namespace)) for kind in self.kinds]
+        wanted = any(kind.uses_priorities and raws for kind, raws in found)
+        priorities = self.priorities() if wanted else {}
+        return [kind.convert(raw, priorities) for kind, raws in found for raw in raws]
 
     def cluster(self, namespace: str | None, *, with_events: bool = True) -> Cluster:
         return Cluster(

@@ -22,6 +22,7 @@ from contracts import names
 from contracts.times import format_time
 from scheduler.cache.cache import node_state
 from scheduler.gang.build import build_gangs
+from scheduler.gang.kinds import KINDS
 from scheduler.k8s import convert
 from scheduler.model import Gang, InvalidGang, PodGroup, PodPhase, PodRequest, split_group_ref
 
@@ -29,11 +30,6 @@ Raw = Mapping[str, Any]
 
 #: The phases a gang is shown in, in the order ``gangs`` sorts them.
 PHASES = ("Invalid", "Torn", "Reclaiming", "Waiting", "WaitingForMembers", "Admitted")
-_SOURCES = {
-    "scheduling.x-k8s.io": "scheduler-plugins",
-    "scheduling.volcano.sh": "volcano",
-    "scheduling.k8s.io": "kubernetes",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +70,7 @@ def display_name(gang: Gang | InvalidGang) -> str:
 
 def _source(gang: Gang | InvalidGang) -> str:
     if gang.pod_group:
-        return _SOURCES.get(split_group_ref(gang.pod_group)[0].value, "")
+        return KINDS.of_ref(gang.pod_group).title
     if "/pod:" in gang.key:
         return "pod"
     if "/conflict:" in gang.key:

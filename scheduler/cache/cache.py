@@ -13,7 +13,6 @@ from scheduler.gang.build import gang_of
 from scheduler.model import (
     Assignment,
     GangKey,
-    GroupApi,
     Node,
     NodeName,
     NodesOrigin,
@@ -249,12 +248,11 @@ class Cache:
         with self._lock:
             self._groups.pop(key, None)
 
-    def replace_pod_groups(
-        self, groups: Iterable[PodGroup], api: GroupApi = GroupApi.SCHEDULER_PLUGINS
-    ) -> None:
-        """The PodGroups of ``api`` are now ``groups`` (those of other APIs stay)."""
+    def replace_pod_groups(self, groups: Iterable[PodGroup], kind: str = "") -> None:
+        """The PodGroups of the kind tagged ``kind`` are now ``groups`` (those of other kinds
+        stay)."""
         with self._lock:
-            kept = {k: g for k, g in self._groups.items() if g.api != api}
+            kept = {k: g for k, g in self._groups.items() if g.kind != kind}
             self._groups = kept | {g.ref: g for g in groups}
 
     # -- snapshot ------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """Group pod requests into gangs.
 
 Membership comes from the gang sources in :mod:`scheduler.gang.sources` (the README lists
-them), asked in order: the label ``scheduling.x-k8s.io/pod-group`` or the annotation
-``scheduling.k8s.io/group-name`` naming a PodGroup (a pod naming two waits), then the CRD-free
-label ``shoal.dev/gang``; a pod with none is a gang of one. Each source reads its
-own sizes and topology; what is common to every gang is checked here.
+them), asked in order: a PodGroup of one of the kinds in :mod:`scheduler.gang.kinds` named by
+label or annotation (a pod naming two waits), then the CRD-free label ``shoal.dev/gang``, then
+the kinds named by a field a controller sets; a pod with none is a gang of one. Each source
+reads its own sizes and topology; what is common to every gang is checked here.
 
 Succeeded and Failed pods are not members: they neither count toward the minimum nor hold room.
 Only gangs with at least one pod for ``scheduler_name`` are returned; a gang whose members ask
@@ -17,14 +17,15 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from scheduler.gang.common import GangRef, invalid_gang
+from scheduler.gang.kinds import KINDS, Kinds
 from scheduler.gang.sources import GangSource, claim
-from scheduler.gang.sources.common import GangRef, invalid_gang
 from scheduler.model import Gang, GangKey, InvalidGang, PodGroup, PodPhase, PodRequest
 
 
-def gang_of(pod: PodRequest) -> tuple[GangKey, str | None]:
-    """The key of the pod's gang and, for the PodGroup source, the PodGroup's ``ns/name``."""
-    ref = claim(pod)[1]
+def gang_of(pod: PodRequest, kinds: Kinds = KINDS) -> tuple[GangKey, str | None]:
+    """The key of the pod's gang and, for a PodGroup kind, the PodGroup's reference."""
+    ref = claim(pod, kinds)[1]
     return ref.key, ref.group
 
 
@@ -32,12 +33,13 @@ def build_gangs(
     pods: Iterable[PodRequest],
     pod_groups: Mapping[str, PodGroup],
     scheduler_name: str,
+    kinds: Kinds = KINDS,
 ) -> tuple[list[Gang], list[InvalidGang]]:
     """Gangs with work for ``scheduler_name``, and the ones whose definition is wrong.
 
-    ``pod_groups`` maps ``namespace/name`` to the PodGroup objects that exist.
+    ``pod_groups`` maps group references to the PodGroup objects that exist.
     """
-    return GangBuilder(scheduler_name).build(pods, pod_groups)
+    return GangBuilder(scheduler_name, kinds).build(pods, pod_groups)
 
 
 class GangBuilder:
@@ -49,8 +51,9 @@ class GangBuilder:
     every pod.
     """
 
-    def __init__(self, scheduler_name: str) -> None:
+    def __init__(self, scheduler_name: str, kinds: Kinds = KINDS) -> None:
         self.scheduler_name = scheduler_name
+        self.kinds = kinds
         self._memo: dict[GangKey, _Memo] = {}
 
     def build(
@@ -62,7 +65,7 @@ class GangBuilder:
         if grouped is None:
             by_key: dict[GangKey, list[PodRequest]] = defaultdict(list)
             for pod in pods:
-                by_key[gang_of(pod)[0]].append(pod)
+                by_key[gang_of(pod, self.kinds)[0]].append(pod)
             grouped = by_key
 
         gangs: list[Gang] = []
@@ -83,7 +86,7 @@ class GangBuilder:
                 memo[key] = old
                 _file(old.result, gangs, invalid)
                 continue
-            source, found = claim(members[0])
+            source, found = claim(members[0], self.kinds)
             ref = found.group
             group_obj = pod_groups.get(ref) if ref is not None else None
             try:

@@ -3,7 +3,8 @@ controller keeps it, so that its users (and the Kubeflow training-operator, whic
 what they expect. Pure.
 
 Computed from the PodGroup and every pod that names it (label ``scheduling.x-k8s.io/pod-group``),
-finished ones included:
+finished ones included, for each kind whose status comes from its members
+(:attr:`~scheduler.gang.kinds.base.PodGroupKind.status_from_members`):
 
 * ``running``, ``succeeded``, ``failed``: how many of those pods are in that phase;
 * ``phase``: ``Pending`` while fewer pods than ``spec.minMember`` exist; ``Scheduling`` once they
@@ -23,8 +24,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from contracts import names
 from contracts.times import format_time
+from scheduler.gang.kinds import KINDS, Kinds, StatusPatch
 from scheduler.gang.parse import CountError, parse_count
 from scheduler.model import PodGroup, PodPhase, PodRequest
 
@@ -56,6 +57,10 @@ class GroupStatus:
         if self.schedule_start is not None:
             body["scheduleStartTime"] = format_time(self.schedule_start)
         return body
+
+    def write(self, group: PodGroup) -> StatusPatch:
+        """The write that gives ``group`` this status: on that very object only."""
+        return StatusPatch(self.body(), uid=group.uid)
 
 
 def phase_of(count: int, running: int, succeeded: int, failed: int, minimum: int) -> str:
@@ -97,8 +102,9 @@ class GroupStatuses:
     pods or object changed; remembers the ``scheduleStartTime`` it chose for a group until the
     PodGroup shows it, so that the time never moves between two writes."""
 
-    def __init__(self, scheduler_name: str) -> None:
+    def __init__(self, scheduler_name: str, kinds: Kinds = KINDS) -> None:
         self._name = scheduler_name
+        self._kinds = kinds
         self._memo: dict[str, tuple[Sequence[PodRequest], PodGroup, GroupStatus | None]] = {}
         #: ``namespace/name`` -> (uid, start chosen) for groups not yet showing their start.
         self._started: dict[str, tuple[str, float]] = {}
@@ -112,7 +118,7 @@ class GroupStatuses:
         memo: dict[str, tuple[Sequence[PodRequest], PodGroup, GroupStatus | None]] = {}
         found: list[tuple[PodGroup, GroupStatus]] = []
         for group, pods in groups:
-            ref = f"{group.namespace}/{group.name}"
+            ref = group.ref
             old = self._memo.get(ref)
             if old is not None and old[0] is pods and old[1] is group:
                 status = old[2]
@@ -128,7 +134,7 @@ class GroupStatuses:
     def _one(
         self, ref: str, group: PodGroup, pods: Sequence[PodRequest], now: float
     ) -> GroupStatus | None:
-        pods = members_of(group, pods)
+        pods = members_of(group, pods, self._kinds)
         if not any(p.scheduler_name == self._name for p in pods):
             return None
         chosen = self._started.get(ref)
@@ -141,10 +147,9 @@ class GroupStatuses:
         return status
 
 
-def members_of(group: PodGroup, pods: Iterable[PodRequest]) -> tuple[PodRequest, ...]:
-    """The pods in ``group``'s namespace whose label names it."""
-    return tuple(
-        p
-        for p in pods
-        if p.namespace == group.namespace and p.labels.get(names.POD_GROUP_LABEL) == group.name
-    )
+def members_of(
+    group: PodGroup, pods: Iterable[PodRequest], kinds: Kinds = KINDS
+) -> tuple[PodRequest, ...]:
+    """The pods in ``group``'s namespace that name it."""
+    kind = kinds.of(group)
+    return tuple(p for p in pods if p.namespace == group.namespace and kind.named(p) == group.name)

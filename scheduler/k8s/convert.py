@@ -1,6 +1,7 @@
 """Raw API JSON (camelCase dicts, as the API server sends them) to the core's frozen values.
 
-Pure functions; the only place that knows the shape of Pod, Node and PodGroup objects. A value
+Pure functions; the only place that knows the shape of Pod and Node objects (each PodGroup kind
+reads its own objects: :mod:`scheduler.gang.kinds`). A value
 the scheduler cannot read (a malformed quantity, a topology annotation that does not decode)
 is replaced by a safe reading and reported through ``problems`` rather than raised.
 """
@@ -15,10 +16,8 @@ from typing import Any
 from contracts import gputopology, names
 from contracts.times import parse_time_or
 from scheduler.model import (
-    GroupApi,
     Node,
     NodeName,
-    PodGroup,
     PodKey,
     PodPhase,
     PodRequest,
@@ -209,76 +208,4 @@ def node(raw: Mapping[str, Any], problems: list[str] | None = None) -> Node:
         unschedulable=bool(spec.get("unschedulable")),
         spot=names.is_spot(labels),
         gpu_topology=topology,
-    )
-
-
-def pod_group(raw: Mapping[str, Any]) -> PodGroup:
-    meta = raw.get("metadata") or {}
-    spec = raw.get("spec") or {}
-    status = raw.get("status") or {}
-    started = timestamp(status.get("scheduleStartTime"))
-    return PodGroup(
-        namespace=str(meta.get("namespace", "")),
-        name=str(meta.get("name", "")),
-        min_member=spec.get("minMember"),
-        annotations=dict(meta.get("annotations") or {}),
-        created=timestamp(meta.get("creationTimestamp")),
-        uid=str(meta.get("uid", "")),
-        phase=str(status.get("phase") or ""),
-        schedule_start=started or None,
-    )
-
-
-def volcano_pod_group(raw: Mapping[str, Any], priorities: Mapping[str, int]) -> PodGroup:
-    """A ``scheduling.volcano.sh`` PodGroup; ``priorities`` maps PriorityClass names to their
-    values (a class not there leaves the gang's priority to its members)."""
-    meta = raw.get("metadata") or {}
-    spec = raw.get("spec") or {}
-    tasks = spec.get("minTaskMember")
-    klass = str(spec.get("priorityClassName") or "")
-    return PodGroup(
-        namespace=str(meta.get("namespace", "")),
-        name=str(meta.get("name", "")),
-        min_member=spec.get("minMember"),
-        annotations=dict(meta.get("annotations") or {}),
-        created=timestamp(meta.get("creationTimestamp")),
-        uid=str(meta.get("uid", "")),
-        api=GroupApi.VOLCANO,
-        version=_version(raw),
-        min_task_member={str(k): v for k, v in tasks.items()} if isinstance(tasks, dict) else {},
-        priority_class=klass,
-        priority=priorities.get(klass) if klass else None,
-        queue=str(spec.get("queue") or ""),
-    )
-
-
-def _version(raw: Mapping[str, Any]) -> str:
-    api_version = str(raw.get("apiVersion") or "")
-    return api_version.rsplit("/", 1)[-1] if "/" in api_version else ""
-
-
-def kubernetes_pod_group(raw: Mapping[str, Any]) -> PodGroup:
-    """A ``scheduling.k8s.io`` PodGroup (v1beta1 or v1alpha3, the same fields): the minimum is
-    ``spec.schedulingPolicy.gang.minCount``, 1 for a ``basic`` policy (its pods need not start
-    together), ``None`` for neither; the priority is ``spec.priority``, which admission fills
-    from ``spec.priorityClassName``."""
-    meta = raw.get("metadata") or {}
-    spec = raw.get("spec") or {}
-    policy = spec.get("schedulingPolicy") or {}
-    if isinstance(policy.get("gang"), dict):
-        minimum = policy["gang"].get("minCount")
-    else:
-        minimum = 1 if "basic" in policy else None
-    priority = spec.get("priority")
-    return PodGroup(
-        namespace=str(meta.get("namespace", "")),
-        name=str(meta.get("name", "")),
-        min_member=minimum,
-        annotations=dict(meta.get("annotations") or {}),
-        created=timestamp(meta.get("creationTimestamp")),
-        uid=str(meta.get("uid", "")),
-        api=GroupApi.KUBERNETES,
-        version=_version(raw),
-        priority_class=str(spec.get("priorityClassName") or ""),
-        priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else None,
     )

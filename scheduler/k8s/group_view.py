@@ -1,15 +1,15 @@
-"""Informers for the PodGroup kinds beyond scheduler-plugins' (Volcano's, Kubernetes' own),
-and for PriorityClasses, whose values a Volcano PodGroup's ``spec.priorityClassName`` stands for.
+"""Informers for every PodGroup kind in the table (:data:`scheduler.gang.kinds.KINDS`), and for
+PriorityClasses, whose values a PodGroup's ``spec.priorityClassName`` may stand for.
 
-A kind the API server does not serve (no Volcano CRDs, workloads not enabled) is an empty set,
-logged once at info; its informer asks again now and then, so CRDs installed later are picked
-up without a restart. Kubernetes' PodGroup is read in the newest version served (v1beta1, else
-v1alpha3), found when it is first listed.
+Each kind is read in the newest of its versions the API server serves, found when it is first
+listed and held by its lister (:meth:`GroupView.served`: status writes and Events use it). A kind
+the API server does not serve (no Volcano CRDs, workloads not enabled) is an empty set, logged
+once at info; its informer asks again now and then, so CRDs installed later are picked up
+without a restart.
 """
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -18,24 +18,22 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from scheduler.cache import Cache
-from scheduler.k8s import convert
-from scheduler.k8s.group_status import KUBERNETES_VERSIONS, VERSIONS
+from scheduler.gang.kinds import KINDS, Api, Kinds, PodGroupKind
 from scheduler.k8s.informer import Handlers, Informer
-from scheduler.model import GroupApi, group_ref
+from scheduler.model import PodGroup
 
 Wake = Callable[[bool], None]
 
 
 class GroupView:
-    def __init__(self, api: Any, cache: Cache, wake: Wake, *, page_size: int = 500) -> None:
-        self._cache = cache
+    def __init__(
+        self, api: Any, cache: Cache, wake: Wake, *, page_size: int = 500, kinds: Kinds = KINDS
+    ) -> None:
         self._wake = wake
         self._lock = threading.Lock()
         self._priorities: dict[str, int] = {}
-        # Volcano PodGroups as read, so that a PriorityClass that appears later is applied.
-        self._volcano: dict[str, dict[str, Any]] = {}
         custom = client.CustomObjectsApi(api)
-        volcano = GroupApi.VOLCANO
+        self._feeds = {k.tag: _Feed(k, _NewestServed(custom, k.api), cache, self) for k in kinds}
         self.informers = [
             Informer(
                 "priorityclasses",
@@ -43,23 +41,28 @@ class GroupView:
                 Handlers(self._classes_listed, self._class_event),
                 page_size=page_size,
             ),
-            Informer(
-                "volcano-podgroups",
-                functools.partial(
-                    custom.list_cluster_custom_object, volcano.value, VERSIONS[volcano], "podgroups"
-                ),
-                Handlers(self._volcano_listed, self._volcano_event),
-                page_size=page_size,
-                missing_ok=True,
-            ),
-            Informer(
-                "kubernetes-podgroups",
-                _NewestServed(custom),
-                Handlers(self._kubernetes_listed, self._kubernetes_event),
-                page_size=page_size,
-                missing_ok=True,
+            *(
+                Informer(
+                    feed.kind.api.resource,
+                    feed.lister,
+                    Handlers(feed.listed, feed.event),
+                    page_size=page_size,
+                    missing_ok=True,
+                )
+                for feed in self._feeds.values()
             ),
         ]
+
+    def served(self, kind: PodGroupKind) -> str:
+        """The version of ``kind`` read and written: the newest served, once found."""
+        return self._feeds[kind.tag].lister.version or kind.api.versions[0]
+
+    def priorities(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._priorities)
+
+    def wake(self) -> None:
+        self._wake(True)
 
     # -- priority classes ------------------------------------------------------------------------
     def _classes_listed(self, items: list[dict[str, Any]]) -> None:
@@ -77,81 +80,87 @@ class GroupView:
         self._reconvert(name)
 
     def _reconvert(self, klass: str | None) -> None:
-        """Read again the Volcano PodGroups of PriorityClass ``klass`` (``None``: all)."""
-        with self._lock:
-            raws = [
-                r
-                for r in self._volcano.values()
-                if klass is None or (r.get("spec") or {}).get("priorityClassName") == klass
-            ]
-            priorities = dict(self._priorities)
-        for raw in raws:
-            self._cache.set_pod_group(convert.volcano_pod_group(raw, priorities))
-        if raws:
+        """Read again the PodGroups of PriorityClass ``klass`` (``None``: all)."""
+        priorities = self.priorities()
+        if any([feed.reconvert(klass, priorities) for feed in self._feeds.values()]):
             self._wake(True)
 
-    # -- Volcano PodGroups -----------------------------------------------------------------------
-    def _volcano_listed(self, items: list[dict[str, Any]]) -> None:
-        with self._lock:
-            self._volcano = {_ref(i): i for i in items}
-            priorities = dict(self._priorities)
-        groups = [convert.volcano_pod_group(i, priorities) for i in items]
-        self._cache.replace_pod_groups(groups, GroupApi.VOLCANO)
-        self._wake(True)
 
-    def _volcano_event(self, kind: str, raw: dict[str, Any]) -> None:
-        ref = _ref(raw)
-        with self._lock:
-            if kind == "DELETED":
-                self._volcano.pop(ref, None)
-            else:
-                self._volcano[ref] = raw
-            priorities = dict(self._priorities)
-        if kind == "DELETED":
-            self._cache.remove_pod_group(ref)
-        else:
-            self._cache.set_pod_group(convert.volcano_pod_group(raw, priorities))
-        self._wake(True)
+class _Feed:
+    """One kind's informer handlers: each object read into the cache; the objects of a kind
+    that reads PriorityClasses kept as read, so that a class that changes is applied."""
 
-    # -- Kubernetes PodGroups --------------------------------------------------------------------
-    def _kubernetes_listed(self, items: list[dict[str, Any]]) -> None:
-        groups = [convert.kubernetes_pod_group(i) for i in items]
-        self._cache.replace_pod_groups(groups, GroupApi.KUBERNETES)
-        self._wake(True)
+    def __init__(self, kind: PodGroupKind, lister: _NewestServed, cache: Cache, view: GroupView):
+        self.kind = kind
+        self.lister = lister
+        self._cache = cache
+        self._view = view
+        self._lock = threading.Lock()
+        self._raws: dict[str, dict[str, Any]] = {}
 
-    def _kubernetes_event(self, kind: str, raw: dict[str, Any]) -> None:
-        group = convert.kubernetes_pod_group(raw)
+    def _read(self, raw: dict[str, Any]) -> PodGroup:
+        return self.kind.convert(raw, self._view.priorities())
+
+    def listed(self, items: list[dict[str, Any]]) -> None:
+        groups = [self._read(i) for i in items]
+        if self.kind.uses_priorities:
+            with self._lock:
+                self._raws = {g.ref: i for g, i in zip(groups, items, strict=True)}
+        self._cache.replace_pod_groups(groups, self.kind.tag)
+        self._view.wake()
+
+    def event(self, kind: str, raw: dict[str, Any]) -> None:
+        group = self._read(raw)
+        if self.kind.uses_priorities:
+            with self._lock:
+                if kind == "DELETED":
+                    self._raws.pop(group.ref, None)
+                else:
+                    self._raws[group.ref] = raw
         if kind == "DELETED":
             self._cache.remove_pod_group(group.ref)
         else:
             self._cache.set_pod_group(group)
-        self._wake(True)
+        self._view.wake()
+
+    def reconvert(self, klass: str | None, priorities: dict[str, int]) -> bool:
+        """Read again this kind's PodGroups of PriorityClass ``klass`` (``None``: all); whether
+        there were any."""
+        with self._lock:
+            raws = list(self._raws.values())
+        groups = [self.kind.convert(r, priorities) for r in raws]
+        changed = [g for g in groups if klass is None or g.priority_class == klass]
+        for group in changed:
+            self._cache.set_pod_group(group)
+        return bool(changed)
 
 
 class _NewestServed:
-    """A lister of ``scheduling.k8s.io`` PodGroups in the newest version the API server
-    serves, found by asking each (newest first) until one answers; 404 when none does."""
+    """A lister of one kind's objects in the newest version the API server serves, found by
+    asking each (newest first) until one answers; 404 when none does. A kind with one version
+    is not asked: its informer's own list says whether it is served."""
 
-    def __init__(self, custom: Any) -> None:
+    def __init__(self, custom: Any, api: Api) -> None:
         self._custom = custom
-        self._version: str | None = None
+        self._api = api
+        #: The version found (``None`` until then).
+        self.version: str | None = api.versions[0] if len(api.versions) == 1 else None
 
     def __call__(self, **kwargs: Any) -> Any:
-        if self._version is None:
-            self._version = self._find(kwargs.get("_request_timeout"))
-            VERSIONS[GroupApi.KUBERNETES] = self._version
+        if self.version is None:
+            self.version = self._find(kwargs.get("_request_timeout"))
         return self._custom.list_cluster_custom_object(
-            GroupApi.KUBERNETES.value, self._version, "podgroups", **kwargs
+            self._api.group, self.version, self._api.plural, **kwargs
         )
 
     def _find(self, timeout: Any) -> str:
         missing: ApiException | None = None
-        for version in KUBERNETES_VERSIONS:
+        for version in self._api.versions:
             try:
                 self._custom.list_cluster_custom_object(
-                    GroupApi.KUBERNETES.value,
+                    self._api.group,
                     version,
-                    "podgroups",
+                    self._api.plural,
                     limit=1,
                     _preload_content=False,
                     _request_timeout=timeout,
@@ -162,13 +171,8 @@ class _NewestServed:
                 missing = exc
                 continue
             return version
-        raise missing or ApiException(status=404, reason="no PodGroup version served")
+        raise missing or ApiException(status=404, reason=f"no {self._api.resource} version served")
 
 
 def _name(raw: dict[str, Any]) -> str:
     return str((raw.get("metadata") or {}).get("name", ""))
-
-
-def _ref(raw: dict[str, Any]) -> str:
-    meta = raw.get("metadata") or {}
-    return group_ref(GroupApi.VOLCANO, str(meta.get("namespace", "")), str(meta.get("name", "")))

@@ -36,22 +36,12 @@ from contracts.times import format_time
 from scheduler import torn as torn_core
 from scheduler.gang.build import gang_of
 from scheduler.gang.group_status import GroupStatus
-from scheduler.k8s import group_status
+from scheduler.gang.kinds import KINDS, ConditionPatch, GroupWrite, Kinds, PodGroupKind
 from scheduler.k8s.client import ApiError, Rest, TokenBucket, pod_path
-from scheduler.model import (
-    Gang,
-    GangKey,
-    GroupApi,
-    InvalidGang,
-    NodeName,
-    PodGroup,
-    PodRequest,
-    split_group_ref,
-)
+from scheduler.model import Gang, GangKey, InvalidGang, NodeName, PodGroup, PodRequest
 
 log = structlog.get_logger("scheduler.status")
 
-POD_GROUP_API = ("scheduling.x-k8s.io", "v1alpha1", "podgroups")
 #: How many (object, kind of write) pairs the reporter remembers to avoid repeating itself.
 MAX_REMEMBERED = 100_000
 
@@ -140,8 +130,13 @@ class ApiReporter:
         event_interval: float = 30.0,
         condition_interval: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        kinds: Kinds = KINDS,
+        served: Callable[[PodGroupKind], str] | None = None,
     ) -> None:
         self._rest = Rest(api)
+        self._kinds = kinds
+        #: The version of each PodGroup kind the API server serves (its informer found it).
+        self._served = served or (lambda kind: kind.api.versions[0])
         self._limiter = limiter
         self._name = scheduler_name
         self._instance = f"{scheduler_name}-{uuid.uuid4().hex[:8]}"
@@ -159,9 +154,8 @@ class ApiReporter:
         # ("gang-event", "gang|reason") -> when its last gang Event was sent, and what it said.
         self._gang_events: dict[tuple[str, str], tuple[float, str]] = {}
         # PodGroup status not yet written, newest only, per object and kind of write
-        # ("namespace/name|uid", a Kubernetes PodGroup's ref, or its ref|DisruptionTarget);
-        # writes to one object hold one of these locks, so that an older status never lands
-        # after a newer one.
+        # ("ref|status", "ref|<condition type>"); writes to one object hold one of these
+        # locks, so that an older status never lands after a newer one.
         #: The newest status write asked for each group: the write and its arguments.
         self._group_latest: dict[str, tuple[Callable[..., None], tuple[Any, ...]]] = {}
         self._group_locks = tuple(threading.Lock() for _ in range(16))
@@ -263,21 +257,18 @@ class ApiReporter:
             f"to make room for gang {gang.key} (priority {gang.priority}); evicted then"
         )
         self._submit(self._pod_event, pod, "Warning", "Reclaimed", message)
-        ref = gang_of(pod)[1]
-        if ref is not None and split_group_ref(ref)[0] is GroupApi.KUBERNETES:
+        ref = gang_of(pod, self._kinds)[1]
+        if ref is not None:
             self._disrupted(ref, gang)
 
     def _disrupted(self, ref: str, preemptor: Gang) -> None:
-        """``DisruptionTarget`` on the Kubernetes PodGroup ``ref``, whose members are asked to
-        leave for ``preemptor``; once per group and preemptor, newest last (as its other
-        condition, so that the two never race on the object)."""
-        condition = group_status.disruption_condition(self._name, preemptor)
+        """What the PodGroup ``ref``'s kind writes when its members are asked to leave for
+        ``preemptor`` (Kubernetes': ``DisruptionTarget``); once per group and preemptor, newest
+        last."""
+        write = self._kinds.of_ref(ref).disrupted(self._name, preemptor)
         key = ("disruption", ref)
-        if self._changed(key, f"{preemptor.key}|{condition['message']}"):
-            latest = f"{ref}|{group_status.DISRUPTION_TARGET}"
-            with self._lock:
-                self._group_latest[latest] = (self._kubernetes_condition, (ref, condition))
-            self._submit(self._latest_group_status, latest, remembered=key)
+        if write is not None and self._changed(key, f"{preemptor.key}|{write!r}"):
+            self._group_write(ref, write, key)
 
     def nominated(self, pod: PodRequest, node: NodeName) -> None:
         key = ("nominated", pod.key)
@@ -293,22 +284,31 @@ class ApiReporter:
         self._gang_event(gang, ours, "Warning", gang.reason, message)
 
     def group_status(self, group: PodGroup, status: GroupStatus) -> None:
-        ref = f"{group.namespace}/{group.name}"
-        key = ("status", f"{ref}|{group.uid}")
-        body = status.body()
-        if self._changed(key, repr(sorted(body.items()))):
-            with self._lock:
-                self._group_latest[key[1]] = (self._group_status, (ref, group.uid, body))
-            self._submit(self._latest_group_status, key[1], remembered=key)
+        """Status computed from a PodGroup's members (a kind whose ``status_from_members``)."""
+        key = ("status", f"{group.ref}|{group.uid}")
+        if self._changed(key, repr(sorted(status.body().items()))):
+            self._group_write(group.ref, status.write(group), key)
 
     def gang_status(self, gang: Gang) -> None:
-        """Status on a Volcano or Kubernetes PodGroup (a scheduler-plugins PodGroup's comes
-        from :meth:`group_status`)."""
-        if gang.pod_group is None:
+        """Status and one-time notices on the gang's PodGroup, as its kind writes them."""
+        ref = gang.pod_group
+        if ref is None:
             return
-        if split_group_ref(gang.pod_group)[0] is GroupApi.SCHEDULER_PLUGINS:
-            return
-        self._other_group_status(gang, gang.pod_group)
+        if gang.pod_group_notice and self._changed(("notice", ref), gang.pod_group_notice):
+            args = (ref, "Normal", "FieldIgnored", gang.pod_group_notice, gang.pod_group_uid)
+            self._submit(self._group_event, *args, remembered=("notice", ref))
+        write = self._kinds.of_ref(ref).status(gang)
+        key = ("status", ref)
+        if write is not None and self._changed(key, repr(write)):
+            # In order, newest last: a waiting gang's False landing after its True would stay
+            # (a sticky True is never written twice).
+            self._group_write(ref, write, key)
+
+    def _group_write(self, ref: str, write: GroupWrite, remembered: tuple[str, str]) -> None:
+        latest = f"{ref}|{write.what}"
+        with self._lock:
+            self._group_latest[latest] = (self._write_group, (ref, write))
+        self._submit(self._latest_group_status, latest, remembered=remembered)
 
     # -- plumbing --------------------------------------------------------------------------------
     def _gang_event(
@@ -439,7 +439,8 @@ class ApiReporter:
         self._event(pod.namespace, involved, kind, reason, message)
 
     def _group_event(self, ref: str, kind: str, reason: str, message: str, uid: str) -> None:
-        namespace, involved = group_status.involved(ref, uid)
+        of = self._kinds.of_ref(ref)
+        namespace, involved = of.involved(ref, uid, self._served(of))
         self._event(namespace, involved, kind, reason, message)
 
     def _latest_group_status(self, key: str) -> None:
@@ -454,55 +455,26 @@ class ApiReporter:
                 write, args = latest
                 write(*args)
 
-    def _other_group_status(self, gang: Gang, ref: str) -> None:
-        """Status and one-time notices on a PodGroup that is not scheduler-plugins'."""
-        if gang.pod_group_notice and self._changed(("notice", ref), gang.pod_group_notice):
-            args = (ref, "Normal", "FieldIgnored", gang.pod_group_notice, gang.pod_group_uid)
-            self._submit(self._group_event, *args, remembered=("notice", ref))
-        key = ("status", ref)
-        if split_group_ref(ref)[0] is GroupApi.KUBERNETES:
-            condition = group_status.kubernetes_condition(gang)
-            if self._changed(key, repr(sorted(condition.items()))):
-                # In order, newest last, as for scheduler-plugins' status: a waiting gang's
-                # False landing after its True would stay (True is never written twice).
-                with self._lock:
-                    self._group_latest[ref] = (self._kubernetes_condition, (ref, condition))
-                self._submit(self._latest_group_status, ref, remembered=key)
+    def _write_group(self, ref: str, write: GroupWrite) -> None:
+        """``write`` on the PodGroup ``ref``, in the version its informer reads: a condition
+        merged with the object's own (read first), else a merge patch of ``status``."""
+        kind = self._kinds.of_ref(ref)
+        path = kind.path(ref, self._served(kind))
+        if isinstance(write, ConditionPatch):
+            written = write.merged(self._rest.get(path), _now())
+            if written is None:
+                return  # a sticky True is for good: a gang torn later does not undo it
+            self._rest.call(
+                "PATCH",
+                f"{path}/status",
+                {"status": {"conditions": [written]}},
+                content_type="application/strategic-merge-patch+json",
+            )
             return
-        status = group_status.volcano_status(gang)
-        if self._changed(key, repr(sorted(status.items()))):
-            self._submit(self._object_status, ref, status, remembered=key)
-
-    def _object_status(self, ref: str, status: dict[str, Any]) -> None:
-        self._rest.call(
-            "PATCH",
-            group_status.object_path(ref),
-            {"status": status},
-            content_type="application/merge-patch+json",
-        )
-
-    def _kubernetes_condition(self, ref: str, condition: dict[str, Any]) -> None:
-        path = group_status.object_path(ref)
-        written = group_status.merged_condition(self._rest.get(path), condition, _now())
-        if written is None:
-            return  # True is for good: a gang torn later does not make it False
-        body = {"status": {"conditions": [written]}}
-        self._rest.call(
-            "PATCH", f"{path}/status", body, content_type="application/strategic-merge-patch+json"
-        )
-
-    def _group_status(self, ref: str, uid: str, status: dict[str, Any]) -> None:
-        """A merge patch of ``status``, on the PodGroup with ``uid`` only (a group deleted
-        and created again under its name meanwhile is left alone: the write conflicts)."""
-        namespace, name = ref.split("/", 1)
-        group, version, plural = POD_GROUP_API
-        path = (
-            f"/apis/{group}/{version}/namespaces/{quote(namespace, safe='')}/{plural}/"
-            f"{quote(name, safe='')}/status"
-        )
-        body: dict[str, Any] = {"status": status}
-        if uid:
-            body["metadata"] = {"uid": uid}
+        body: dict[str, Any] = {"status": dict(write.status)}
+        if write.uid:
+            body["metadata"] = {"uid": write.uid}
+        path = f"{path}/status" if write.subresource else path
         self._rest.call("PATCH", path, body, content_type="application/merge-patch+json")
 
 

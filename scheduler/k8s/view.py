@@ -1,4 +1,6 @@
-"""The cluster view: informers for pods, nodes and PodGroups that feed the cache and wake the loop.
+"""The cluster view: informers for pods, nodes and PodGroups (every kind in
+:data:`scheduler.gang.kinds.KINDS`, :mod:`scheduler.k8s.group_view`) that feed the cache and wake
+the loop.
 
 Event handlers only route: convert the object, update the cache, and tell the loop whether room
 may have appeared (a pod gone or finished, a node added or changed, a new pod or PodGroup that
@@ -7,20 +9,18 @@ could complete a gang), in which case backoffs end.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
 from kubernetes import client
 
-from contracts import names
 from scheduler.cache import Cache
+from scheduler.gang.kinds import KINDS, Kinds, PodGroupKind
 from scheduler.k8s import convert
 from scheduler.k8s.group_view import GroupView
 from scheduler.k8s.informer import Handlers, Informer
-from scheduler.k8s.status import POD_GROUP_API
-from scheduler.model import Node, NodeName
+from scheduler.model import Node, NodeName, PodRequest
 
 log = structlog.get_logger("scheduler.view")
 
@@ -38,14 +38,15 @@ class ClusterView:
         *,
         page_size: int = 500,
         pod_added: PodAdded | None = None,
+        kinds: Kinds = KINDS,
     ) -> None:
         self._cache = cache
         self._wake = wake
         self._pod_added = pod_added
+        self._kinds = kinds
         self._node_problems: dict[str, str] = {}
         core = client.CoreV1Api(api)
-        custom = client.CustomObjectsApi(api)
-        group, version, plural = POD_GROUP_API
+        self._groups = GroupView(api, cache, wake, page_size=page_size, kinds=kinds)
         self.informers = [
             Informer(
                 "pods",
@@ -59,15 +60,12 @@ class ClusterView:
                 Handlers(self._nodes_listed, self._node_event),
                 page_size=page_size,
             ),
-            Informer(
-                "podgroups",
-                functools.partial(custom.list_cluster_custom_object, group, version, plural),
-                Handlers(self._groups_listed, self._group_event),
-                page_size=page_size,
-                missing_ok=True,
-            ),
+            *self._groups.informers,
         ]
-        self.informers += GroupView(api, cache, wake, page_size=page_size).informers
+
+    def served(self, kind: PodGroupKind) -> str:
+        """The version of PodGroup ``kind`` the API server serves (its informer found it)."""
+        return self._groups.served(kind)
 
     def start(self) -> None:
         for informer in self.informers:
@@ -99,7 +97,7 @@ class ClusterView:
         # Other updates (a binding confirmed) give the loop nothing new to do.
         if kind == "ADDED" or pod.finished or pod.deleting:
             self._wake(True)
-        elif old is not None and old.phase != pod.phase and names.POD_GROUP_LABEL in pod.labels:
+        elif old is not None and old.phase != pod.phase and self._counted(pod):
             self._wake(False)
 
     # -- nodes -----------------------------------------------------------------------------------
@@ -130,15 +128,6 @@ class ClusterView:
                 log.warning("node_annotation_ignored", node=node.name, reason=text)
         return node
 
-    # -- pod groups ------------------------------------------------------------------------------
-    def _groups_listed(self, items: list[dict[str, Any]]) -> None:
-        self._cache.replace_pod_groups(convert.pod_group(item) for item in items)
-        self._wake(True)
-
-    def _group_event(self, kind: str, raw: dict[str, Any]) -> None:
-        group = convert.pod_group(raw)
-        if kind == "DELETED":
-            self._cache.remove_pod_group(f"{group.namespace}/{group.name}")
-        else:
-            self._cache.set_pod_group(group)
-        self._wake(True)
+    def _counted(self, pod: PodRequest) -> bool:
+        """Whether ``pod`` counts in the status of a PodGroup it names."""
+        return any(k.status_from_members and k.named(pod) for k in self._kinds)

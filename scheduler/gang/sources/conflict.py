@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from scheduler.gang.sources.common import GangRef, invalid_gang
+from scheduler.gang.common import GangRef, invalid_gang
 from scheduler.model import Gang, GangKey, InvalidGang, PodGroup, PodRequest
 
 

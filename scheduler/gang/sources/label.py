@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from contracts import names
+from scheduler.gang.common import GangRef, agreed, invalid_gang, maximum, sized_gang
 from scheduler.gang.parse import CountError, parse_count
-from scheduler.gang.sources.common import GangRef, agreed, invalid_gang, maximum, sized_gang
 from scheduler.model import Gang, GangKey, InvalidGang, PodGroup, PodRequest
 
 

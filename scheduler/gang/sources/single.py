@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from contracts import names
-from scheduler.gang.sources.common import GangRef, priority
+from scheduler.gang.common import GangRef, priority
 from scheduler.model import Gang, GangKey, InvalidGang, PodGroup, PodRequest
 
 

@@ -18,7 +18,7 @@ from nodeagent.k8s import decode_revocation, encode_revocation
 from nodeagent.k8s.cluster import _pod
 from nodeagent.store import Store
 from scheduler.gang import build_gangs
-from scheduler.k8s import convert
+from scheduler.gang.kinds.scheduler_plugins import SchedulerPlugins
 from tests.unit.fuzz.cases import Cases, json_values, mutate, said, search, times
 from tests.unit.scheduler.builders import SCHED, pod
 
@@ -123,7 +123,7 @@ def test_pod_groups() -> None:
     @given(pod_group_objects(), st.integers(1, 4))
     def run(raw: dict[str, Any], count: int) -> None:
         cases()
-        group = convert.pod_group(raw)
+        group = SchedulerPlugins().convert(raw, {})
         members = [pod(f"w-{i}", namespace="team-a", pod_group="job") for i in range(count)]
         gangs, invalid = build_gangs(members, {"team-a/job": group}, SCHED)
         assert len(gangs) + len(invalid) == 1

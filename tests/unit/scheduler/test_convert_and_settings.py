@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contracts import gputopology, names
+from scheduler.gang.kinds.scheduler_plugins import SchedulerPlugins
 from scheduler.k8s import convert
 from scheduler.model import PodPhase, Resources
 from scheduler.settings import SettingsError, resolve
@@ -92,9 +93,9 @@ def test_pod_group_conversion_reads_the_stored_phase_and_start_time() -> None:
         "spec": {"minMember": 2},
         "status": {"phase": "Running", "scheduleStartTime": "2026-11-30T10:00:00Z"},
     }
-    group = convert.pod_group(raw)
+    group = SchedulerPlugins().convert(raw, {})
     assert (group.phase, group.schedule_start) == ("Running", 1796032800.0)
-    bare = convert.pod_group({"metadata": {"name": "g"}, "spec": {}})
+    bare = SchedulerPlugins().convert({"metadata": {"name": "g"}, "spec": {}}, {})
     assert (bare.phase, bare.schedule_start) == ("", None)
 
 

@@ -12,14 +12,16 @@ from kubernetes.client.exceptions import ApiException
 from contracts import names
 from scheduler.cache import Cache
 from scheduler.gang import build_gangs
-from scheduler.k8s import convert, group_status
+from scheduler.gang.kinds import KINDS, ConditionPatch, StatusPatch
+from scheduler.gang.kinds.kubernetes import Kubernetes
+from scheduler.gang.kinds.volcano import Volcano
+from scheduler.k8s import convert
 from scheduler.k8s.client import TokenBucket
 from scheduler.k8s.group_view import _NewestServed
 from scheduler.k8s.status import ApiReporter
 from scheduler.model import (
     Gang,
     GangKey,
-    GroupApi,
     PodGroup,
     PodRequest,
     group_ref,
@@ -27,10 +29,32 @@ from scheduler.model import (
 )
 from tests.unit.scheduler.builders import SCHED, group, pod
 
+VOLCANO = Volcano()
+K8S = Kubernetes()
+
 
 def volcano(name: str, min_member: object, **fields: Any) -> PodGroup:
-    base = PodGroup(namespace="ns", name=name, min_member=min_member, api=GroupApi.VOLCANO)
+    base = PodGroup(namespace="ns", name=name, min_member=min_member, kind=VOLCANO.tag)
     return replace(base, **fields)
+
+
+def k8s_condition(gang: Gang) -> dict[str, Any]:
+    write = K8S.status(gang)
+    assert isinstance(write, ConditionPatch)
+    assert write.sticky
+    return dict(write.condition)
+
+
+def merged_condition(raw: dict[str, Any], condition: dict[str, Any], now: str) -> Any:
+    sticky = condition["type"] == "PodGroupInitiallyScheduled"
+    return ConditionPatch(condition, sticky=sticky).merged(raw, now)
+
+
+def volcano_status(gang: Gang) -> dict[str, Any]:
+    write = VOLCANO.status(gang)
+    assert isinstance(write, StatusPatch)
+    assert not write.subresource  # the CRD has none: patched on the object
+    return dict(write.status)
 
 
 def member(
@@ -47,12 +71,13 @@ def member(
     return pod(name, annotations=notes, priority=priority, node=node)
 
 
-def test_group_references_tell_apis_apart_and_round_trip() -> None:
-    for api in GroupApi:
-        ref = group_ref(api, "ns", "train")
-        assert split_group_ref(ref) == (api, "ns", "train")
-    assert group_ref(GroupApi.SCHEDULER_PLUGINS, "ns", "train") == "ns/train"
-    assert len({group_ref(api, "ns", "train") for api in GroupApi}) == 3
+def test_group_references_tell_kinds_apart_and_round_trip() -> None:
+    for kind in KINDS:
+        ref = group_ref(kind.tag, "ns", "train")
+        assert split_group_ref(ref) == (kind.tag, "ns", "train")
+        assert KINDS.of_ref(ref) is kind
+    assert group_ref(KINDS.tagged("").tag, "ns", "train") == "ns/train"
+    assert len({group_ref(kind.tag, "ns", "train") for kind in KINDS}) == 3
 
 
 def test_volcano_group_sizes_priority_and_queue_notice() -> None:
@@ -153,7 +178,7 @@ def test_convert_reads_a_volcano_group_and_its_class_value() -> None:
             "priorityClassName": "high",
         },
     }
-    g = convert.volcano_pod_group(raw, {"high": 7})
+    g = VOLCANO.convert(raw, {"high": 7})
     assert (g.ref, g.min_member, g.priority, g.queue, g.version) == (
         "ns/volcano/train",
         2,
@@ -162,15 +187,15 @@ def test_convert_reads_a_volcano_group_and_its_class_value() -> None:
         "v1beta1",
     )
     assert dict(g.min_task_member) == {"ps": 1}
-    assert convert.volcano_pod_group(raw, {}).priority is None
+    assert VOLCANO.convert(raw, {}).priority is None
 
 
 def test_replacing_one_apis_groups_keeps_the_others() -> None:
     cache = Cache()
     cache.set_pod_group(group("a", 1))
-    cache.replace_pod_groups([volcano("a", 1)], GroupApi.VOLCANO)
+    cache.replace_pod_groups([volcano("a", 1)], VOLCANO.tag)
     assert set(cache.snapshot().pod_groups) == {"ns/a", "ns/volcano/a"}
-    cache.replace_pod_groups([], GroupApi.SCHEDULER_PLUGINS)
+    cache.replace_pod_groups([], "")
     assert set(cache.snapshot().pod_groups) == {"ns/volcano/a"}
 
 
@@ -178,11 +203,11 @@ def test_volcano_status_phases() -> None:
     g = volcano("train", 2)
     waiting = [member("w0", "train"), member("w1", "train")]
     [gang], _ = build_gangs(waiting, {g.ref: g}, SCHED)
-    assert group_status.volcano_status(gang)["phase"] == "Pending"
+    assert volcano_status(gang)["phase"] == "Pending"
     bound = [member("w0", "train", node="n1"), member("w1", "train", node="n2")]
     [gang], _ = build_gangs(bound, {g.ref: g}, SCHED)
-    assert group_status.volcano_status(gang)["phase"] == "Inqueue"
-    assert group_status.object_path(g.ref) == (
+    assert volcano_status(gang)["phase"] == "Inqueue"
+    assert VOLCANO.path(g.ref, "v1beta1") == (
         "/apis/scheduling.volcano.sh/v1beta1/namespaces/ns/podgroups/train"
     )
 
@@ -201,22 +226,22 @@ def k8s_raw(policy: dict[str, Any], **spec: Any) -> dict[str, Any]:
 
 def test_kubernetes_group_sizes_and_priority_follow_its_spec() -> None:
     members = [k8s_member(f"w{i}", "train", priority=3) for i in range(3)]
-    g = convert.kubernetes_pod_group(k8s_raw({"gang": {"minCount": 2}}, priority=50))
+    g = K8S.convert(k8s_raw({"gang": {"minCount": 2}}, priority=50), {})
     assert (g.ref, g.version) == ("ns/k8s/train", "v1beta1")
     [gang], invalid = build_gangs(members, {g.ref: g}, SCHED)
     assert invalid == []
     assert (gang.min_member, gang.max_member, gang.priority) == (2, 3, 50)
-    raised = convert.kubernetes_pod_group(k8s_raw({"gang": {"minCount": 3}}))
+    raised = K8S.convert(k8s_raw({"gang": {"minCount": 3}}), {})
     [gang], _ = build_gangs(members, {g.ref: raised}, SCHED)
     assert gang.min_member == 3  # minCount is mutable; the gang follows it
 
 
 def test_kubernetes_basic_policy_is_a_group_of_minimum_one_and_no_policy_is_a_message() -> None:
     members = [k8s_member(f"w{i}", "train") for i in range(2)]
-    basic = convert.kubernetes_pod_group(k8s_raw({"basic": {}}))
+    basic = K8S.convert(k8s_raw({"basic": {}}), {})
     [gang], _ = build_gangs(members, {basic.ref: basic}, SCHED)
     assert (gang.min_member, gang.max_member) == (1, 2)
-    neither = convert.kubernetes_pod_group(k8s_raw({}))
+    neither = K8S.convert(k8s_raw({}), {})
     _, [bad] = build_gangs(members, {neither.ref: neither}, SCHED)
     assert "neither gang nor basic" in bad.message
     _, [missing] = build_gangs(members, {}, SCHED)
@@ -230,27 +255,27 @@ def test_a_gang_label_wins_over_a_scheduling_group_a_job_controller_set() -> Non
 
 
 def test_initially_scheduled_condition_turns_true_once_the_minimum_is_bound() -> None:
-    g = convert.kubernetes_pod_group(k8s_raw({"gang": {"minCount": 2}}))
+    g = K8S.convert(k8s_raw({"gang": {"minCount": 2}}), {})
     waiting = [k8s_member("w0", "train", node="n1"), k8s_member("w1", "train")]
     [gang], _ = build_gangs(waiting, {g.ref: g}, SCHED)
-    condition = group_status.kubernetes_condition(gang)
+    condition = k8s_condition(gang)
     assert (condition["status"], condition["reason"]) == ("False", "Unschedulable")
     assert "1 of minCount 2" in condition["message"]
     bound = [k8s_member("w0", "train", node="n1"), k8s_member("w1", "train", node="n2")]
     [gang], _ = build_gangs(bound, {g.ref: g}, SCHED)
-    assert group_status.kubernetes_condition(gang)["status"] == "True"
+    assert k8s_condition(gang)["status"] == "True"
     done = {"status": {"conditions": [{**condition, "status": "True"}]}}
-    assert group_status.merged_condition(done, condition, "t2") is None
+    assert merged_condition(done, condition, "t2") is None
     was = {"status": {"conditions": [{**condition, "lastTransitionTime": "t1"}]}}
-    kept = group_status.merged_condition(was, condition, "t2")
+    kept = merged_condition(was, condition, "t2")
     assert kept is not None
     assert kept["lastTransitionTime"] == "t1"  # the same status: no transition
-    placed = group_status.kubernetes_condition(gang)
-    assert group_status.merged_condition(was, placed, "t2") == {
+    placed = k8s_condition(gang)
+    assert merged_condition(was, placed, "t2") == {
         **placed,
         "lastTransitionTime": "t2",
     }
-    assert group_status.merged_condition({}, condition, "t2") == {
+    assert merged_condition({}, condition, "t2") == {
         **condition,
         "lastTransitionTime": "t2",
     }
@@ -283,7 +308,7 @@ def test_a_pod_group_initially_scheduled_is_never_set_back_to_false() -> None:
     done = {"status": {"conditions": [{"type": "PodGroupInitiallyScheduled", "status": "True"}]}}
     rest = _Rest(done)
     reporter._rest = rest  # type: ignore[assignment]
-    g = convert.kubernetes_pod_group(k8s_raw({"gang": {"minCount": 2}}))
+    g = K8S.convert(k8s_raw({"gang": {"minCount": 2}}), {})
     torn = [k8s_member("w0", "train", node="n1"), k8s_member("w1", "train")]
     [gang], _ = build_gangs(torn, {g.ref: g}, SCHED)
     reporter.gang_status(gang)
@@ -317,25 +342,39 @@ class _Custom:
         return SimpleNamespace(release_conn=lambda: None, version=version)
 
 
-def test_kubernetes_pod_groups_are_read_in_the_newest_version_served(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setitem(group_status.VERSIONS, GroupApi.KUBERNETES, "v1beta1")
+def test_kubernetes_pod_groups_are_read_and_written_in_the_newest_version_served() -> None:
     custom = _Custom("v1alpha3")
-    lister = _NewestServed(custom)
+    lister = _NewestServed(custom, K8S.api)
     assert lister(limit=5).version == "v1alpha3"
     assert lister(watch=True).version == "v1alpha3"
     assert custom.asked == ["v1beta1", "v1alpha3", "v1alpha3", "v1alpha3"]  # found once
-    assert group_status.VERSIONS[GroupApi.KUBERNETES] == "v1alpha3"  # status writes use it
-    assert _NewestServed(_Custom("v1alpha3", "v1beta1"))().version == "v1beta1"
+    assert lister.version == "v1alpha3"  # held by the informer's lister
+    assert _NewestServed(_Custom("v1alpha3", "v1beta1"), K8S.api)().version == "v1beta1"
     with pytest.raises(ApiException) as raised:
-        _NewestServed(_Custom())()
+        _NewestServed(_Custom(), K8S.api)()
     assert raised.value.status == 404  # the informer takes that as "not installed"
+    one = _Custom("v1beta1")
+    _NewestServed(one, VOLCANO.api)()
+    assert one.asked == ["v1beta1"]  # a kind with one version is listed, not probed
+
+    api = SimpleNamespace(configuration=SimpleNamespace(host="https://api.invalid"))
+    served = {K8S.tag: lister.version or ""}
+    reporter = ApiReporter(api, TokenBucket(0, 1), SCHED, served=lambda k: served[k.tag])
+    rest = _Rest({})
+    reporter._rest = rest  # type: ignore[assignment]
+    g = K8S.convert(k8s_raw({"gang": {"minCount": 2}}), {})
+    [gang], _ = build_gangs([k8s_member("w0", "train")], {g.ref: g}, SCHED)
+    reporter.gang_status(gang)
+    reporter.close()
+    [(_, path, _)] = rest.writes
+    assert path == "/apis/scheduling.k8s.io/v1alpha3/namespaces/ns/podgroups/train/status"
 
 
 def test_disruption_target_is_written_beside_a_true_initially_scheduled() -> None:
     preemptor = Gang(GangKey("ns/big"), "ns", "big", 4, 4, ())
-    condition = group_status.disruption_condition(SCHED, preemptor)
+    write = K8S.disrupted(SCHED, preemptor)
+    assert isinstance(write, ConditionPatch)
+    condition = dict(write.condition)
     assert condition == {
         "type": "DisruptionTarget",
         "status": "True",
@@ -343,14 +382,16 @@ def test_disruption_target_is_written_beside_a_true_initially_scheduled() -> Non
         "message": f"{SCHED}: preempting to accommodate a higher priority podgroup",
     }
     single = Gang(GangKey("ns/one"), "ns", "one", 1, 1, ())
-    assert group_status.disruption_condition(SCHED, single)["message"].endswith("priority pod")
+    disrupted = K8S.disrupted(SCHED, single)
+    assert isinstance(disrupted, ConditionPatch)
+    assert disrupted.condition["message"].endswith("priority pod")
     scheduled = {"type": "PodGroupInitiallyScheduled", "status": "True"}
     raw = {"status": {"conditions": [scheduled]}}
-    assert group_status.merged_condition(raw, condition, "t2") == {
+    assert merged_condition(raw, condition, "t2") == {
         **condition,
         "lastTransitionTime": "t2",
     }
     again = {"status": {"conditions": [scheduled, {**condition, "lastTransitionTime": "t1"}]}}
-    kept = group_status.merged_condition(again, condition, "t3")
+    kept = merged_condition(again, condition, "t3")
     assert kept is not None
     assert kept["lastTransitionTime"] == "t1"

@@ -128,7 +128,7 @@ def test_a_gang_waiting_for_members_gets_a_normal_event_and_one_that_does_not_fi
 def test_pod_group_status_is_written_once_per_change_on_that_group_only() -> None:
     reporter = _reporter()
     writes: list[tuple[str, str, dict[str, Any]]] = []
-    reporter._group_status = lambda ref, uid, body: writes.append((ref, uid, body))  # type: ignore[method-assign,assignment]
+    reporter._write_group = lambda ref, write: writes.append((ref, write.uid, dict(write.status)))  # type: ignore[method-assign,union-attr]
     group = PodGroup("ns", "g", 2, uid="u1")
     reporter.group_status(group, GroupStatus("Scheduling", schedule_start=0.0))
     reporter.group_status(group, GroupStatus("Scheduling", schedule_start=0.0))
@@ -152,13 +152,13 @@ def test_an_older_pod_group_status_never_lands_after_a_newer_one() -> None:
     first_started = threading.Event()
     release = threading.Event()
 
-    def write(ref: str, uid: str, body: dict[str, Any]) -> None:
+    def slow(ref: str, write: Any) -> None:
         if not landed and not first_started.is_set():
             first_started.set()
             release.wait(5)  # the first write is slow: the later ones are queued meanwhile
-        landed.append(body["running"])
+        landed.append(write.status["running"])
 
-    reporter._group_status = write  # type: ignore[method-assign,assignment]
+    reporter._write_group = slow  # type: ignore[method-assign]
     group = PodGroup("ns", "g", 3, uid="u1")
     reporter.group_status(group, GroupStatus("Scheduling", running=1))
     assert first_started.wait(5)
@@ -178,7 +178,7 @@ def _k8s_member(name: str) -> Any:
 def test_reclaiming_members_of_a_kubernetes_pod_group_marks_it_a_disruption_target() -> None:
     reporter = _reporter()
     writes: list[tuple[str, dict[str, Any]]] = []
-    reporter._kubernetes_condition = lambda ref, c: writes.append((ref, c))  # type: ignore[method-assign,assignment]
+    reporter._write_group = lambda ref, write: writes.append((ref, dict(write.condition)))  # type: ignore[method-assign,union-attr]
     preemptor = Gang(
         key=GangKey("ns/k8s/high"),
         namespace="ns",
@@ -214,13 +214,13 @@ def test_the_disruption_write_does_not_displace_a_pending_scheduled_condition() 
     started = threading.Event()
     release = threading.Event()
 
-    def write(ref: str, condition: dict[str, Any]) -> None:
+    def slow(ref: str, write: Any) -> None:
         if not started.is_set():
             started.set()
             release.wait(5)
-        landed.append(f"{condition['type']}={condition['status']}")
+        landed.append(f"{write.condition['type']}={write.condition['status']}")
 
-    reporter._kubernetes_condition = write  # type: ignore[method-assign]
+    reporter._write_group = slow  # type: ignore[method-assign]
     member = _k8s_member("w0")
     waiting = Gang(GangKey("ns/k8s/low"), "ns", "low", 2, 2, (member,), pod_group="ns/k8s/low")
     reporter.gang_status(waiting)  # False: 1 of 2 bound
