@@ -1,9 +1,14 @@
-"""The scheduling loop: snapshot, decide one gang, assume, bind concurrently, report.
+"""The scheduling loop: snapshot, run the step, assume, bind concurrently, report.
 
 This module wires the pure core to the outside through two protocols — a :class:`Binder` and a
-:class:`Reporter` — so it imports no client library. Informers feed the cache and call
-:meth:`Runner.wake`; the loop sleeps when no gang is ready and wakes on the next event or when
-the earliest backoff ends.
+:class:`Reporter` — so it imports no client library. What a cycle decides is
+:func:`scheduler.step.step`, the one the simulator runs too (its state, :class:`Ledgers`, is
+touched on the loop's thread only); the runner reads the cache, builds the gangs, carries out
+the step's effects (bindings, leave-by notices, evictions, what users are told) on a worker
+pool, hands what the workers learned back to the ledgers at the next cycle, and ends a batch
+early when its time budget is spent. Informers feed the cache and call :meth:`Runner.wake`; the
+loop sleeps when no gang is ready and wakes on the next event or when the step next has
+something due.
 
 Every failure path undoes its reservation: a binding that fails is forgotten in the cache (the
 pod is charged to no node), and the gang is retried in a later cycle for what it still lacks.
@@ -26,16 +31,17 @@ from scheduler.cache.cache import Snapshot
 from scheduler.cycle import Config, Decision, has_work
 from scheduler.gang import GangBuilder
 from scheduler.gang.group_status import GroupStatus, GroupStatuses
-from scheduler.gang.kinds import KINDS
 from scheduler.metrics import Metrics
 from scheduler.model import (
     Gang,
     GangKey,
+    GroupApi,
     InvalidGang,
     NodeName,
     PodGroup,
     PodKey,
     PodRequest,
+    split_group_ref,
 )
 from scheduler.queue import GangQueue
 from scheduler.reclaim_ledger import ReclaimLedger
@@ -43,6 +49,10 @@ from scheduler.step import Ledgers, Opening, Outcome, Release, StepSettings, ste
 from scheduler.torn import Torn
 
 log = structlog.get_logger("scheduler")
+
+#: scheduler-plugins' PodGroups get their status from :class:`GroupStatuses`; the other kinds
+#: from the gang (``Reporter.gang_status``).
+SP = GroupApi.SCHEDULER_PLUGINS
 
 
 class Binder(Protocol):
@@ -80,13 +90,12 @@ class Reporter(Protocol):
     def invalid(self, gang: InvalidGang) -> None: ...
 
     def group_status(self, group: PodGroup, status: GroupStatus) -> None:
-        """The PodGroup ``group``, of a kind whose status comes from its members
-        (scheduler-plugins'), should have ``status`` (called on every cycle; send what
-        changed)."""
+        """The scheduler-plugins PodGroup ``group`` should have ``status`` (called on every
+        cycle; send what changed)."""
 
     def gang_status(self, gang: Gang) -> None:
-        """``gang``'s PodGroup should show it, as its kind writes it (called on every cycle for
-        each gang with a PodGroup; send what changed)."""
+        """``gang``'s Volcano or Kubernetes PodGroup should show it (called on every cycle for
+        those gangs; send what changed)."""
 
     def torn(self, gang: Gang, release_at: float) -> None:
         """``gang`` has bound members but fewer than its minimum and cannot be completed now;
@@ -290,7 +299,7 @@ class Runner:
         for group, status in self._statuses.due(_groups_with_pods(snapshot), now):
             self.reporter.group_status(group, status)
         for gang in gangs:
-            if gang.pod_group is not None:
+            if gang.pod_group is not None and split_group_ref(gang.pod_group)[0] is not SP:
                 self.reporter.gang_status(gang)
         working = [g for g in gangs if has_work(g)]
         self.metrics.pending_gangs.set(len(working))
@@ -538,7 +547,7 @@ def _groups_with_pods(snapshot: Snapshot) -> Iterator[tuple[PodGroup, Sequence[P
     """Each PodGroup with the pods filed under its gang key (those that name it, and any other
     pod whose gang shares the key; :class:`GroupStatuses` keeps only the ones that name it)."""
     members = snapshot.members
-    groups = [(r, g) for r, g in snapshot.pod_groups.items() if KINDS.of(g).status_from_members]
+    groups = [(r, g) for r, g in snapshot.pod_groups.items() if g.api is SP]
     if members is None:
         every = tuple(snapshot.pods.values())
         for _, group in groups:

@@ -27,8 +27,9 @@ Model, stated so results can be read correctly:
 - Reclaim, with the live loop's ledger (:mod:`scheduler.reclaim_ledger`): when a gang's minimum
   does not fit and the cycle names victims (surplus members of other gangs), the room it
   nominated is held for that gang, and the victims leave ``reclaim_grace`` seconds later (their
-  eviction succeeds at once). The clock stops at every moment the ledger says something is due:
-  an eviction, or a hold that ends (room given back counts as freed). A victim that was asked to
+  eviction succeeds at once). The clock stops, and the step runs, at every moment the ledgers
+  say something is due: an eviction, a hold that ends (room given back counts as freed), a torn
+  gang's release (its survivors leave as victims do, counted apart). A victim that was asked to
   leave checkpoints first when workers act on notices (``checkpoint_on_notice``); otherwise its
   gang rolls back to its last periodic checkpoint, and that work is counted as lost to reclaim.
 """
