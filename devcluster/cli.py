@@ -76,6 +76,29 @@ def parser() -> argparse.ArgumentParser:
         "[env SHOAL_DEVCLUSTER_RUNTIME_CONFIG]",
     )
 
+    u.add_argument(
+        "--real-nodes",
+        type=int,
+        default=int(_env("SHOAL_DEVCLUSTER_REAL_NODES", "0")),
+        help="also run this many real nodes (kubelet, containerd, runc; root only), each in a "
+        "network namespace of its own [env SHOAL_DEVCLUSTER_REAL_NODES]",
+    )
+    u.add_argument(
+        "--real-node-image",
+        action="append",
+        default=[],
+        metavar="OCI_ARCHIVE",
+        help="an OCI archive to import into every real node's containerd (repeatable; default: "
+        "build/*.oci.tar from `make images`)",
+    )
+    u.add_argument(
+        "--real-node-label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an extra label of every real node (repeatable)",
+    )
+
     sub.add_parser("down", help="stop every process `up` started")
     sub.add_parser(
         "browser",
@@ -160,6 +183,9 @@ def _run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - one return per sub
             kube_scheduler=args.kube_scheduler,
             feature_gates=_items(args.feature_gates),
             runtime_config=_items(args.runtime_config),
+            real_nodes=args.real_nodes,
+            real_node_images=tuple(args.real_node_image or _built_images()),
+            real_node_labels=tuple(args.real_node_label),
         )
         c = cluster.up(run_dir, bin_dir, options)
         if args.kubeconfig_out:
@@ -250,6 +276,13 @@ def _nodes(args: argparse.Namespace) -> int:
         else "devcluster: no nodes requested"
     )
     return 0
+
+
+def _built_images() -> list[str]:
+    """The archives `make images` wrote, if any."""
+    from devcluster import images
+
+    return [str(p) for p in sorted(images.OUT_DIR.glob("*.oci.tar"))]
 
 
 def _items(text: str) -> tuple[str, ...]:

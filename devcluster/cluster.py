@@ -8,6 +8,7 @@ and removes the processes it started on any failure on the way; ``down`` stops w
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import socket
@@ -20,10 +21,11 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from devcluster import pki, process
+from devcluster import pki, process, realnode
 from devcluster.errors import NotRunningError, StartError
 from devcluster.process import Proc
 
@@ -98,6 +100,13 @@ class Options:
     #: tainted. Benchmarks lengthen it: on a loaded 2-core machine kwok renews thousands of
     #: leases late, which real kubelets on their own machines would not.
     node_monitor_grace_period: str | None = None
+    #: Real nodes (a kubelet, containerd and runc each, in a network namespace of their own)
+    #: beside the kwok nodes: ``real-0``, ``real-1``... (devcluster/realnode.py). Needs root.
+    real_nodes: int = 0
+    #: OCI archives imported into every real node's containerd (the pause image always is).
+    real_node_images: tuple[str, ...] = ()
+    #: Extra labels of the real nodes, ``key=value``.
+    real_node_labels: tuple[str, ...] = ()
 
     def gate_on(self, name: str) -> bool:
         return f"{name}=true" in {g.replace(" ", "") for g in self.feature_gates}
@@ -117,6 +126,8 @@ class Cluster:
     versions: dict[str, str] = field(default_factory=dict)
     started_at: float = 0.0
     ready_seconds: float = 0.0
+    #: :class:`devcluster.realnode.RealNodes` as JSON, when the cluster has real nodes.
+    real_nodes: dict[str, Any] = field(default_factory=dict)
 
     @property
     def kubeconfig(self) -> Path:
@@ -135,6 +146,7 @@ class Cluster:
             "started_at": self.started_at,
             "ready_seconds": self.ready_seconds,
             "kubeconfig": str(self.kubeconfig),
+            "real_nodes": self.real_nodes,
         }
         tmp = self.run_dir / (STATE + ".tmp")
         tmp.write_text(json.dumps(doc, indent=2) + "\n")
@@ -154,7 +166,15 @@ class Cluster:
             versions=dict(doc.get("versions", {})),
             started_at=float(doc.get("started_at", 0)),
             ready_seconds=float(doc.get("ready_seconds", 0)),
+            real_nodes=dict(doc.get("real_nodes") or {}),
         )
+
+    def real_node_names(self) -> list[str]:
+        return [n["name"] for n in self.real_nodes.get("nodes", [])]
+
+    def real_node(self, name: str) -> dict[str, Any]:
+        """A real node's record (``ip``, ``netns``, ``folder``, ``kubelet_root``...)."""
+        return next(n for n in self.real_nodes.get("nodes", []) if n["name"] == name)
 
     def rss_bytes(self) -> dict[str, int]:
         return {p.name: process.rss_bytes(p) for p in self.procs}
@@ -231,11 +251,14 @@ def up(run_dir: Path, bin_dir: Path, options: Options = Options(), *, say: Say =
         shutil.rmtree(run_dir / stale, ignore_errors=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    keys = pki.generate(run_dir / "pki")
+    prepared = _prepare_real_nodes(run_dir, options, say) if options.real_nodes else None
+    network = prepared[0] if prepared else None
+    address = network.host_ip if network else "127.0.0.1"
+    keys = pki.generate(run_dir / "pki", extra_ips=(address,) if network else ())
     ports = free_ports(
         ["etcd", "etcd_peer", "apiserver", "controller_manager", "kwok", "scheduler"]
     )
-    server = f"https://127.0.0.1:{ports['apiserver']}"
+    server = f"https://{address}:{ports['apiserver']}"
     for name, client in keys.clients.items():
         filename = ADMIN_KUBECONFIG if name == "admin" else f"{name}.kubeconfig"
         (run_dir / filename).write_text(pki.kubeconfig(server, keys.ca_cert, client, user=name))
@@ -258,7 +281,7 @@ def up(run_dir: Path, bin_dir: Path, options: Options = Options(), *, say: Say =
         etcd_health = f"http://127.0.0.1:{ports['etcd']}/health"
         _wait("etcd /health", lambda: _get(etcd_health, None) == 200, 30, procs)
 
-        start("kube-apiserver", _apiserver_argv(bin_dir, keys, ports, options))
+        start("kube-apiserver", _apiserver_argv(bin_dir, keys, ports, options, address))
         _wait(
             "kube-apiserver /readyz",
             lambda: _get(f"{server}/readyz", tls) == 200,
@@ -283,9 +306,18 @@ def up(run_dir: Path, bin_dir: Path, options: Options = Options(), *, say: Say =
         )
         kwok_health = f"http://127.0.0.1:{ports['kwok']}/healthz"
         _wait("kwok /healthz", lambda: _get(kwok_health, None) == 200, 30, procs)
+        real_json = (
+            _start_real_nodes(
+                run_dir, options, prepared, keys=keys, server=server, procs=procs, say=say
+            )
+            if prepared
+            else {}
+        )
     except BaseException:
         for proc in reversed(procs):
             process.stop(proc, grace=3)
+        if network is not None:
+            realnode.delete_bridge(network)
         raise
 
     cluster = Cluster(
@@ -296,6 +328,7 @@ def up(run_dir: Path, bin_dir: Path, options: Options = Options(), *, say: Say =
         versions=_versions(bin_dir),
         started_at=time.time(),
         ready_seconds=round(time.monotonic() - started, 2),
+        real_nodes=real_json,
     )
     cluster.save()
     say(f"devcluster: ready at {server} in {cluster.ready_seconds:.1f} s")
@@ -307,6 +340,8 @@ def down(run_dir: Path, *, say: Say = _say) -> list[str]:
     run_dir = run_dir.resolve()
     cluster = Cluster.load(run_dir)
     stubborn = []
+    if cluster.real_nodes:
+        stubborn += realnode.teardown(realnode.RealNodes.from_json(cluster.real_nodes), say=say)
     for proc in reversed(cluster.procs):
         if not process.stop(proc):
             stubborn.append(proc.name)
@@ -355,6 +390,78 @@ def restart(
     return cluster
 
 
+Prepared = tuple[realnode.Network, realnode.Binaries, list[str]]
+
+
+def _prepare_real_nodes(run_dir: Path, options: Options, say: Say) -> Prepared:
+    """Before the API server starts: the binaries, and the host bridge whose address it binds;
+    with the fixed host paths the nodes will create."""
+    reason = realnode.unavailable()
+    if reason:
+        raise StartError(f"this machine cannot run {options.real_nodes} real nodes: {reason}")
+    binaries = realnode.ensure(say=say)
+    network = realnode.network_for(run_dir)
+    before = realnode.existing_fixed_paths()
+    realnode.delete_bridge(network)  # one a killed run left
+    realnode.create_bridge(network)
+    return network, binaries, [p for p in realnode.FIXED_HOST_PATHS if p not in before]
+
+
+def _start_real_nodes(
+    run_dir: Path,
+    options: Options,
+    prepared: Prepared,
+    *,
+    keys: pki.Pki,
+    server: str,
+    procs: list[Proc],
+    say: Say,
+) -> dict[str, Any]:
+    """Start every real node and wait until each is Ready; on a failure, remove them all."""
+    network, binaries, created_paths = prepared
+    real = realnode.RealNodes(network=network, nodes=[], created_paths=created_paths)
+    node_procs: list[Proc] = []
+    tls = _tls_context(run_dir)
+    try:
+        for index in range(options.real_nodes):
+            realnode.start_node(
+                index=index,
+                run_dir=run_dir,
+                network=network,
+                binaries=binaries,
+                keys=keys,
+                server=server,
+                images=[Path(i) for i in options.real_node_images],
+                labels=dict(i.split("=", 1) for i in options.real_node_labels),
+                die_with_parent=options.die_with_parent,
+                records=real.nodes,
+                started=node_procs,
+                say=say,
+            )
+        for record in real.nodes:
+            url = f"{server}/api/v1/nodes/{record.name}"
+            _wait(
+                f"real node {record.name} Ready",
+                functools.partial(_node_ready, url, tls),
+                options.ready_timeout,
+                [*procs, *node_procs],
+            )
+    except BaseException:
+        realnode.teardown(real, say=say)
+        raise
+    return real.to_json()
+
+
+def _node_ready(url: str, tls: ssl.SSLContext) -> bool:
+    try:
+        with urllib.request.urlopen(url, context=tls, timeout=2) as resp:  # noqa: S310
+            node = json.loads(resp.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+    conditions = node.get("status", {}).get("conditions", [])
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
 def _versions(bin_dir: Path) -> dict[str, str]:
     manifest = bin_dir / "manifest.json"
     if not manifest.is_file():
@@ -384,16 +491,33 @@ def _etcd_argv(bin_dir: Path, run_dir: Path, ports: dict[str, int]) -> list[str]
 
 
 def _apiserver_argv(
-    bin_dir: Path, keys: pki.Pki, ports: dict[str, int], options: Options
+    bin_dir: Path,
+    keys: pki.Pki,
+    ports: dict[str, int],
+    options: Options,
+    address: str = "127.0.0.1",
 ) -> list[str]:
     runtime = (
         [f"--runtime-config={','.join(options.runtime_config)}"] if options.runtime_config else []
     )
+    kubelets = (
+        [
+            # Real kubelets: reached at their own addresses, with a client certificate, their
+            # serving certificates checked; webhooks reached at their pods (no kube-proxy here).
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-client-certificate={keys.clients['kubelet-client'].cert}",
+            f"--kubelet-client-key={keys.clients['kubelet-client'].key}",
+            f"--kubelet-certificate-authority={keys.ca_cert}",
+            "--enable-aggregator-routing=true",
+        ]
+        if options.real_nodes
+        else []
+    )
     return [
         str(bin_dir / "kube-apiserver"),
         f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
-        "--bind-address=127.0.0.1",
-        "--advertise-address=127.0.0.1",
+        f"--bind-address={address}",
+        f"--advertise-address={address}",
         f"--secure-port={ports['apiserver']}",
         f"--tls-cert-file={keys.serving_cert}",
         f"--tls-private-key-file={keys.serving_key}",
@@ -417,6 +541,7 @@ def _apiserver_argv(
         "--event-ttl=1h",
         *options.gate_flags(),
         *runtime,
+        *kubelets,
         "--v=1",
     ]
 
@@ -457,6 +582,9 @@ def _controllers(options: Options) -> list[str]:
     puts its ``scheduling.k8s.io/podgroup-protection`` finalizer on each, and without the
     controller neither they nor their namespaces ever finish deleting."""
     extra = ["podgroup-protection-controller"] if options.gate_on("GenericWorkload") else []
+    if options.real_nodes:
+        # Real pods mount a projected service-account token, which needs the root CA ConfigMap.
+        extra.append("root-ca-certificate-publisher-controller")
     return [*CONTROLLERS, *extra]
 
 

@@ -49,6 +49,8 @@ CLIENTS: dict[str, tuple[str, str | None]] = {
     "controller-manager": ("system:kube-controller-manager", None),
     "scheduler": ("system:kube-scheduler", None),
     "kwok": ("kwok-controller", "system:masters"),
+    # The API server's identity towards kubelets (logs, exec, port-forward).
+    "kubelet-client": ("kube-apiserver-kubelet-client", "system:masters"),
 }
 
 
@@ -107,8 +109,9 @@ def _sign(
     return builder.sign(issuer_key, hashes.SHA256())
 
 
-def generate(directory: Path) -> Pki:
-    """Write a fresh PKI into ``directory`` and return the paths."""
+def generate(directory: Path, *, extra_ips: tuple[str, ...] = ()) -> Pki:
+    """Write a fresh PKI into ``directory`` and return the paths; the API server's certificate
+    also names ``extra_ips`` (the host bridge address of a cluster with real nodes)."""
     directory.mkdir(parents=True, exist_ok=True)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = _name("devcluster-ca")
@@ -121,7 +124,10 @@ def generate(directory: Path) -> Pki:
         x509.DNSName(n)
         for n in ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc")
     ]
-    sans += [x509.IPAddress(ipaddress.ip_address(a)) for a in ("127.0.0.1", "::1", "10.96.0.1")]
+    sans += [
+        x509.IPAddress(ipaddress.ip_address(a))
+        for a in ("127.0.0.1", "::1", "10.96.0.1", *extra_ips)
+    ]
     serving = _sign(
         _name("kube-apiserver"),
         serving_key,
@@ -177,3 +183,42 @@ def kubeconfig(server: str, ca: Path, client: Client, *, user: str = "admin") ->
         "current-context": "devcluster",
     }
     return json.dumps(doc, indent=2) + "\n"
+
+
+def _load_ca(keys: Pki) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    cert = x509.load_pem_x509_certificate(keys.ca_cert.read_bytes())
+    key = serialization.load_pem_private_key(keys.ca_key.read_bytes(), password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    return cert, key
+
+
+def issue_node(keys: Pki, directory: Path, node: str, ip: str) -> dict[str, Path]:
+    """A real node's kubelet certificates, signed by the cluster's CA: a client certificate in
+    the ``system:nodes`` group (the Node authorizer's form) and a serving certificate for its
+    address."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_cert, ca_key = _load_ca(keys)
+    paths: dict[str, Path] = {"ca": keys.ca_cert}
+    client_key = ec.generate_private_key(ec.SECP256R1())
+    client = _sign(
+        _name(f"system:node:{node}", "system:nodes"),
+        client_key,
+        ca_cert.subject,
+        ca_key,
+        usages=[ExtendedKeyUsageOID.CLIENT_AUTH],
+    )
+    serving_key = ec.generate_private_key(ec.SECP256R1())
+    serving = _sign(
+        _name(f"system:node:{node}"),
+        serving_key,
+        ca_cert.subject,
+        ca_key,
+        usages=[ExtendedKeyUsageOID.SERVER_AUTH],
+        sans=[x509.DNSName(node), x509.IPAddress(ipaddress.ip_address(ip))],
+    )
+    for stem, cert, key in (("client", client, client_key), ("serving", serving, serving_key)):
+        _write_key(directory / f"kubelet-{stem}.key", key)
+        (directory / f"kubelet-{stem}.crt").write_bytes(cert.public_bytes(_PEM))
+        paths[f"{stem}_cert"] = directory / f"kubelet-{stem}.crt"
+        paths[f"{stem}_key"] = directory / f"kubelet-{stem}.key"
+    return paths
