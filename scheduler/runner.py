@@ -31,17 +31,16 @@ from scheduler.cache.cache import Snapshot
 from scheduler.cycle import Config, Decision, has_work
 from scheduler.gang import GangBuilder
 from scheduler.gang.group_status import GroupStatus, GroupStatuses
+from scheduler.gang.kinds import KINDS
 from scheduler.metrics import Metrics
 from scheduler.model import (
     Gang,
     GangKey,
-    GroupApi,
     InvalidGang,
     NodeName,
     PodGroup,
     PodKey,
     PodRequest,
-    split_group_ref,
 )
 from scheduler.queue import GangQueue
 from scheduler.reclaim_ledger import ReclaimLedger
@@ -49,10 +48,6 @@ from scheduler.step import Ledgers, Opening, Outcome, Release, StepSettings, ste
 from scheduler.torn import Torn
 
 log = structlog.get_logger("scheduler")
-
-#: scheduler-plugins' PodGroups get their status from :class:`GroupStatuses`; the other kinds
-#: from the gang (``Reporter.gang_status``).
-SP = GroupApi.SCHEDULER_PLUGINS
 
 
 class Binder(Protocol):
@@ -90,12 +85,13 @@ class Reporter(Protocol):
     def invalid(self, gang: InvalidGang) -> None: ...
 
     def group_status(self, group: PodGroup, status: GroupStatus) -> None:
-        """The scheduler-plugins PodGroup ``group`` should have ``status`` (called on every
-        cycle; send what changed)."""
+        """The PodGroup ``group``, of a kind whose status comes from its members
+        (scheduler-plugins'), should have ``status`` (called on every cycle; send what
+        changed)."""
 
     def gang_status(self, gang: Gang) -> None:
-        """``gang``'s Volcano or Kubernetes PodGroup should show it (called on every cycle for
-        those gangs; send what changed)."""
+        """``gang``'s PodGroup should show it, as its kind writes it (called on every cycle for
+        each gang with a PodGroup; send what changed)."""
 
     def torn(self, gang: Gang, release_at: float) -> None:
         """``gang`` has bound members but fewer than its minimum and cannot be completed now;
@@ -299,7 +295,7 @@ class Runner:
         for group, status in self._statuses.due(_groups_with_pods(snapshot), now):
             self.reporter.group_status(group, status)
         for gang in gangs:
-            if gang.pod_group is not None and split_group_ref(gang.pod_group)[0] is not SP:
+            if gang.pod_group is not None:
                 self.reporter.gang_status(gang)
         working = [g for g in gangs if has_work(g)]
         self.metrics.pending_gangs.set(len(working))
@@ -547,7 +543,7 @@ def _groups_with_pods(snapshot: Snapshot) -> Iterator[tuple[PodGroup, Sequence[P
     """Each PodGroup with the pods filed under its gang key (those that name it, and any other
     pod whose gang shares the key; :class:`GroupStatuses` keeps only the ones that name it)."""
     members = snapshot.members
-    groups = [(r, g) for r, g in snapshot.pod_groups.items() if g.api is SP]
+    groups = [(r, g) for r, g in snapshot.pod_groups.items() if KINDS.of(g).status_from_members]
     if members is None:
         every = tuple(snapshot.pods.values())
         for _, group in groups:
