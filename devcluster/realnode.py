@@ -713,7 +713,7 @@ def start_node(
         done = _run(
             [
                 str(binaries.ctr), "--address", record.containerd_socket, "-n", "k8s.io",
-                "images", "import", "--no-unpack", str(archive),
+                "images", "import", str(archive),
             ],
             check=False,
         )  # fmt: skip
