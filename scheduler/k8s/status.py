@@ -228,18 +228,8 @@ class ApiReporter:
             key: tuple[str, str] = (reason, pod.key)
             if self._changed(key, message):
                 self._submit(self._pod_event, pod, kind, reason, message, remembered=key)
-        if gang.pod_group:
-            key = (reason, gang.pod_group)
-            if self._changed(key, message):
-                self._submit(
-                    self._group_event,
-                    gang.pod_group,
-                    kind,
-                    reason,
-                    message,
-                    gang.pod_group_uid,
-                    remembered=key,
-                )
+        if gang.pod_group and self._changed((reason, gang.pod_group), message):
+            self._tell_group(gang, (kind, reason, message), (reason, gang.pod_group))
 
     def scheduled(self, gang: Gang, pod: PodRequest, node: NodeName) -> None:
         with self._lock:
@@ -295,8 +285,8 @@ class ApiReporter:
         if ref is None:
             return
         if gang.pod_group_notice and self._changed(("notice", ref), gang.pod_group_notice):
-            args = (ref, "Normal", "FieldIgnored", gang.pod_group_notice, gang.pod_group_uid)
-            self._submit(self._group_event, *args, remembered=("notice", ref))
+            notice = ("Normal", "FieldIgnored", gang.pod_group_notice)
+            self._tell_group(gang, notice, ("notice", ref))
         write = self._kinds.of_ref(ref).status(gang)
         key = ("status", ref)
         if write is not None and self._changed(key, repr(write)):
@@ -332,16 +322,15 @@ class ApiReporter:
             self._gang_events[key] = (now, message)
         if pods:
             self._submit(self._pod_event, pods[0], kind, reason, message, remembered=key)
+        self._tell_group(gang, (kind, reason, message), key)
+
+    def _tell_group(
+        self, gang: Gang | InvalidGang, event: tuple[str, str, str], key: tuple[str, str]
+    ) -> None:
+        """The Event ``event`` (type, reason, message) on the gang's PodGroup, if it has one."""
         if gang.pod_group:
-            self._submit(
-                self._group_event,
-                gang.pod_group,
-                kind,
-                reason,
-                message,
-                gang.pod_group_uid,
-                remembered=key,
-            )
+            args = (gang.pod_group, *event, gang.pod_group_uid)
+            self._submit(self._group_event, *args, remembered=key)
 
     def _changed(self, key: tuple[str, str], content: str) -> bool:
         with self._lock:
