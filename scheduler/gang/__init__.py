@@ -1,5 +1,6 @@
-"""Gangs from any source (:mod:`scheduler.gang.sources`): PodGroup + label, or the CRD-free
-``shoal.dev/gang`` label.
+"""Gangs from any source (:mod:`scheduler.gang.sources`): a PodGroup of one of the kinds in
+:mod:`scheduler.gang.kinds` (one module each, one table), or the CRD-free ``shoal.dev/gang``
+label.
 
 Pure: takes pod requests and PodGroups, returns :class:`~scheduler.model.Gang` values (min, max,
 members, priority, age, topology constraints) and :class:`~scheduler.model.InvalidGang` values

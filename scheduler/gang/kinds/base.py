@@ -105,6 +105,14 @@ class Claim:
         return Claim(f"annotation {key}", lambda pod: pod.annotations.get(key) or "")
 
 
+@dataclass(frozen=True, slots=True)
+class InvalidGangText:
+    """Why a gang cannot be scheduled as defined, and the reason its Event and condition give."""
+
+    message: str
+    reason: str = "InvalidGang"
+
+
 class PodGroupKind:
     """One PodGroup kind, and the gang source of its PodGroups: a pod that names a PodGroup of
     this kind (:meth:`named`) is in the gang that PodGroup defines; its members wait, with a
@@ -202,12 +210,6 @@ class PodGroupKind:
             f"/apis/{self.api.group}/{version}/namespaces/{quote(namespace, safe='')}/"
             f"{self.api.plural}/{quote(name, safe='')}"
         )
-
-
-@dataclass(frozen=True, slots=True)
-class InvalidGangText:
-    message: str
-    reason: str = "InvalidGang"
 
 
 def read(raw: Mapping[str, Any], kind: PodGroupKind, min_member: object, **fields: Any) -> PodGroup:
