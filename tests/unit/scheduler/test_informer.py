@@ -131,3 +131,51 @@ def test_every_list_and_watch_has_a_client_side_timeout() -> None:
     assert script.timeouts[0] == 20  # the list
     assert script.timeouts[1] == (20, 300 + WATCH_MARGIN)  # the watch: connect, read
     assert all(t is not None for t in script.timeouts)
+
+
+def test_a_kind_not_served_is_an_empty_set_until_it_is_installed() -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    done = threading.Event()
+    script = Script([ApiException(status=404, reason="Not Found"), listing("4", "pg")], done)
+    lists: list[list[str]] = []
+    informer = Informer(
+        "podgroups",
+        script,
+        Handlers(
+            on_list=lambda items: lists.append([i["metadata"]["name"] for i in items]),
+            on_event=lambda kind, obj: None,
+        ),
+        max_backoff=0.01,
+        missing_ok=True,
+    )
+    informer.start()
+    assert done.wait(10)
+    informer.stop()
+    informer.join(5)
+    assert lists == [[], ["pg"]]
+    assert informer.synced.is_set()
+
+
+def test_a_watch_refused_with_410_lists_again() -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    done = threading.Event()
+    script = Script(
+        [listing("5", "a"), ApiException(status=410, reason="Gone"), listing("9", "a", "b")], done
+    )
+    lists: list[list[str]] = []
+    informer = Informer(
+        "things",
+        script,
+        Handlers(
+            on_list=lambda items: lists.append([i["metadata"]["name"] for i in items]),
+            on_event=lambda kind, obj: None,
+        ),
+    )
+    informer.start()
+    assert done.wait(10)
+    informer.stop()
+    informer.join(5)
+    assert lists == [["a"], ["a", "b"]]
+    assert script.watched_from[:2] == ["5", "9"]
