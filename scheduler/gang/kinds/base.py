@@ -9,13 +9,14 @@ reporter writes what :meth:`PodGroupKind.status` returns, and ``kubectl shoal`` 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 from urllib.parse import quote
 
 from contracts.times import parse_time_or
-from scheduler.gang.common import GangRef, invalid_gang
+from scheduler.gang.common import GangRef, group_gang, invalid_gang
 from scheduler.model import (
     Gang,
     GangKey,
@@ -113,7 +114,7 @@ class InvalidGangText:
     reason: str = "InvalidGang"
 
 
-class PodGroupKind:
+class PodGroupKind(ABC):
     """One PodGroup kind, and the gang source of its PodGroups: a pod that names a PodGroup of
     this kind (:meth:`named`) is in the gang that PodGroup defines; its members wait, with a
     message, while the PodGroup does not exist."""
@@ -126,6 +127,8 @@ class PodGroupKind:
     api: ClassVar[Api]
     #: What on a pod names a PodGroup of this kind.
     claim: ClassVar[Claim]
+    #: The field :meth:`convert` reads the minimum from, in messages.
+    minimum_field: ClassVar[str] = "spec.minMember"
     #: Asked after the ``shoal.dev/gang`` label (a controller sets the field on its own, where
     #: the pods' labels say what the user meant), and not counted as a second claim.
     after_label: ClassVar[bool] = False
@@ -136,10 +139,10 @@ class PodGroupKind:
     status_from_members: ClassVar[bool] = False
 
     # -- what each kind says -----------------------------------------------------------------
+    @abstractmethod
     def convert(self, raw: Mapping[str, Any], priorities: Mapping[str, int]) -> PodGroup:
         """The object ``raw`` as a PodGroup; ``priorities`` maps PriorityClass names to their
         values. Total: a bad field is kept as read, for the gang to report."""
-        raise NotImplementedError
 
     def where(self, namespace: str, name: str) -> str:
         """How messages name the PodGroup ``namespace/name``."""
@@ -153,8 +156,10 @@ class PodGroupKind:
     def gang(
         self, key: GangKey, pods: Sequence[PodRequest], group: PodGroup, where: str
     ) -> Gang | InvalidGang:
-        """The gang ``group`` defines with ``pods`` (live, oldest first, at least one)."""
-        raise NotImplementedError
+        """The gang ``group`` defines with ``pods`` (live, oldest first, at least one): its
+        minimum, then the maximum from its ``shoal.dev/max-member`` annotation."""
+        minimum_field = f"{where} {self.minimum_field}"
+        return group_gang(key, pods, group, minimum_field=minimum_field, where=where)
 
     def status(self, gang: Gang) -> GroupWrite | None:
         """What to write on the gang's PodGroup now (``None``: nothing, or it comes from

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from scheduler.gang.common import group_gang, invalid_gang
+from scheduler.gang.common import invalid_gang
 from scheduler.gang.kinds.base import (
     Api,
     Claim,
@@ -45,6 +45,7 @@ class Kubernetes(PodGroupKind):
     api = Api("scheduling.k8s.io", ("v1beta1", "v1alpha3"))
     claim = Claim("spec.schedulingGroup.podGroupName", lambda pod: pod.scheduling_group)
     after_label = True
+    minimum_field = "spec.schedulingPolicy.gang.minCount"
 
     def convert(self, raw: Mapping[str, Any], priorities: Mapping[str, int]) -> PodGroup:
         spec = raw.get("spec") or {}
@@ -78,13 +79,7 @@ class Kubernetes(PodGroupKind):
         if group.min_member is None:
             message = f"{where} spec.schedulingPolicy has neither gang nor basic"
             return invalid_gang(key, pods, str(key), message, group.uid)
-        return group_gang(
-            key,
-            pods,
-            group,
-            minimum_field=f"{where} spec.schedulingPolicy.gang.minCount",
-            where=where,
-        )
+        return super().gang(key, pods, group, where)
 
     def status(self, gang: Gang) -> GroupWrite | None:
         bound = len(gang.bound)

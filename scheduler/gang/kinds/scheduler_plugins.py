@@ -7,13 +7,12 @@ keeps, from the group and every pod that names it (:mod:`scheduler.gang.group_st
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from contracts import names
-from scheduler.gang.common import group_gang
 from scheduler.gang.kinds.base import Api, Claim, InvalidGangText, PodGroupKind, read, timestamp
-from scheduler.model import Gang, GangKey, InvalidGang, PodGroup, PodRequest
+from scheduler.model import PodGroup
 
 
 class SchedulerPlugins(PodGroupKind):
@@ -41,8 +40,3 @@ class SchedulerPlugins(PodGroupKind):
             "its members wait for it rather than run without their gang",
             "PodGroupNotFound",
         )
-
-    def gang(
-        self, key: GangKey, pods: Sequence[PodRequest], group: PodGroup, where: str
-    ) -> Gang | InvalidGang:
-        return group_gang(key, pods, group, minimum_field=f"{where} spec.minMember", where=where)

@@ -4,7 +4,7 @@ converted, its gangs built, and its status and Events written, with nothing else
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
@@ -13,13 +13,12 @@ from kubernetes.client.exceptions import ApiException
 
 from scheduler.cache import Cache
 from scheduler.gang import build_gangs
-from scheduler.gang.common import group_gang
 from scheduler.gang.kinds import KINDS, Api, GroupWrite, Kinds, PodGroupKind, StatusPatch
 from scheduler.gang.kinds.base import Claim, read
 from scheduler.k8s.client import TokenBucket
 from scheduler.k8s.status import ApiReporter
 from scheduler.k8s.view import ClusterView
-from scheduler.model import Gang, GangKey, InvalidGang, PodGroup, PodRequest
+from scheduler.model import Gang, PodGroup, PodRequest
 from shoalctl.api import Reader
 from tests.unit.scheduler.builders import SCHED, pod
 from tests.waiting import eventually
@@ -35,14 +34,10 @@ class TeamGroup(PodGroupKind):
     title = "teams"
     api = Api("example.com", ("v2", "v1"), plural="teamgroups", kind="TeamGroup")
     claim = Claim.label(TEAM_LABEL)
+    minimum_field = "spec.size"
 
     def convert(self, raw: Mapping[str, Any], priorities: Mapping[str, int]) -> PodGroup:
         return read(raw, self, (raw.get("spec") or {}).get("size"))
-
-    def gang(
-        self, key: GangKey, pods: Sequence[PodRequest], group: PodGroup, where: str
-    ) -> Gang | InvalidGang:
-        return group_gang(key, pods, group, minimum_field=f"{where} spec.size", where=where)
 
     def status(self, gang: Gang) -> GroupWrite | None:
         return StatusPatch({"bound": len(gang.bound), "wanted": gang.min_member})
