@@ -7,17 +7,28 @@ from __future__ import annotations
 
 import functools
 import heapq
+import itertools
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field, replace
 from typing import ParamSpec, TypeVar
 
 from scheduler.cache import Cache
+from scheduler.gang import GangBuilder
 from scheduler.gang.group_status import GroupStatus
-from scheduler.model import Gang, GangKey, InvalidGang, Node, NodeName, PodGroup, PodRequest
+from scheduler.model import (
+    Gang,
+    GangKey,
+    InvalidGang,
+    Node,
+    NodeName,
+    PodGroup,
+    PodRequest,
+)
 from scheduler.runner import Runner, Settings
 from scheduler.simulate import engine
 from scheduler.simulate.inputs import JobSpec, SpotEvent
+from scheduler.step import Ledgers, StepSettings, step
 from tests.unit.scheduler.builders import SCHED, node, pod
 
 P = ParamSpec("P")
@@ -309,3 +320,32 @@ def test_a_batch_of_gangs_arriving_together_binds_alike_in_both() -> None:
     simulator = simulated(NODES, jobs, SPOT[:2], settings)
     assert len([e for e in simulator if e[1] == "bind"]) == 10
     assert sorted(live(NODES, jobs, SPOT[:2], settings)) == sorted(simulator)
+
+
+def test_a_step_stopped_early_leaves_the_gangs_it_did_not_hand_out_for_the_next_one() -> None:
+    # The live loop stops taking outcomes when its time budget is spent: the gangs it did not
+    # take were not decided (none backs off, none is told anything), and the next step decides
+    # them: g1 is told it does not fit, g2 binds.
+    cache = Cache()
+    cache.set_node(node("n0", gpus=8))
+    for i, gpus in enumerate((2, 16, 2)):
+        cache.set_pod(pod(f"p{i}", gpus=gpus, gang=f"g{i}", created=float(i)))
+    ledgers = Ledgers(StepSettings())
+
+    def run_step(take: int) -> list[tuple[str, str]]:
+        snap = cache.snapshot()
+        gangs, _ = GangBuilder(SCHED).build(snap.pods.values(), snap.pod_groups, snap.members)
+        outcomes = step(ledgers, gangs, snap, now=5.0).outcomes
+        taken = list(itertools.islice(outcomes, take))
+        outcomes.close()
+        done: list[tuple[str, str]] = []
+        for o in taken:
+            for p, n in o.binds:
+                cache.set_pod(replace(cache.snapshot().pods[p.key], node=n))
+                done.append((o.decision.gang.name, f"bound on {n}"))
+            if o.unplaced is not None:
+                done.append((o.decision.gang.name, "told"))
+        return done
+
+    assert run_step(take=1) == [("g0", "bound on n0")]
+    assert run_step(take=64) == [("g1", "told"), ("g2", "bound on n0")]
