@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import config
+from shoal_worker import PodIdentity
 
 from devcluster import build, cluster, nodes, process
 from fakes import metadata
-from nodeagent.client import PodIdentity
 from tests.integration.nodeagent.harness import (
     CLOUDS,
     AgentProcess,

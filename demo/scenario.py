@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
+from shoal_worker import NoticeClient, PodIdentity
 
 from contracts import names
 from devcluster import cluster, nodes, process
 from fakes import metadata
 from fakes.clouds import CLOUDS, Azure, Cloud, Gcp
-from nodeagent.client import NoticeClient, PodIdentity
 
 NAMESPACE = "training"
 HIGH = "shoal-demo-urgent"

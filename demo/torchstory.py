@@ -49,7 +49,7 @@ STEP_SECONDS = 0.2
 TAIL_STEPS = 15
 #: Time for launchers and ranks to start and meet on a busy two-core machine.
 SLOW = 240.0
-_COMPLETE = ".metadata"  # see nodeagent.client.distributed.latest_checkpoint
+_COMPLETE = ".metadata"  # see shoal_worker.distributed.latest_checkpoint
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,9 +31,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from shoal_worker.distributed import EXIT_REJOIN, StopStep, resume, save_checkpoint
 from torch import nn
-
-from nodeagent.client.distributed import EXIT_REJOIN, StopStep, resume, save_checkpoint
 
 MICRO = 6  # divisible by every world size the tests use (1, 2, 3)
 BATCH = 4
@@ -143,7 +142,7 @@ def main() -> None:
                 dist.barrier()
                 dist.destroy_process_group()
                 # A rank whose launcher is not stopping it asks for a new round (see
-                # nodeagent.client.distributed.EXIT_REJOIN); torchrun ignores the others' status.
+                # shoal_worker.distributed.EXIT_REJOIN); torchrun ignores the others' status.
                 sys.exit(EXIT_REJOIN)
             time.sleep(args.step_seconds)
     record(args.records, "done", step=args.steps)

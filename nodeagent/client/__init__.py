@@ -1,25 +1,16 @@
-"""The worker library: hear "checkpoint and leave by T" and acknowledge it.
+"""The worker library's former home, kept so that existing images and scripts go on working.
 
-    from nodeagent.client import NoticeClient, PodIdentity
+The worker library is its own distribution now, ``shoal-worker`` (``worker/``, package
+:mod:`shoal_worker`; docs/workers.md): ``pip install shoal-worker`` brings grpcio and protobuf
+only. ``from nodeagent.client import NoticeClient`` and ``python -m nodeagent.client wait|ack``
+still work: they are the same objects and the same command, re-exported from there (no warning:
+a training image built before the move keeps running unchanged). New code imports
+:mod:`shoal_worker`.
 
-    client = NoticeClient.from_env()          # POD_NAMESPACE, POD_NAME, POD_UID, SHOAL_SOCKET
-    async for notice in client.watch():       # the current state first, then every change
-        if notice.leave:
-            step = checkpoint()
-            await client.acknowledge(step)
-
-The identity comes from the Downward API (``metadata.namespace``, ``metadata.name``,
-``metadata.uid``); the socket from the agent's hostPath (default ``/run/shoal/agent.sock``).
-``python -m nodeagent.client wait|ack`` does the same from a shell. For torch.distributed jobs,
-:mod:`nodeagent.client.distributed` (the ``torch`` extra) stops every rank at one step.
+``python -m nodeagent.client.discover`` (Horovod host discovery) stays here: it reads pods from
+the API server with the agent's Kubernetes client (``nodeagent/k8s/discover.py``).
 """
 
-from nodeagent.client.watcher import (
-    AgentBusy,
-    LeaveNotice,
-    NoticeClient,
-    NoticeRefused,
-    PodIdentity,
-)
+from shoal_worker import AgentBusy, LeaveNotice, NoticeClient, NoticeRefused, PodIdentity
 
 __all__ = ["AgentBusy", "LeaveNotice", "NoticeClient", "NoticeRefused", "PodIdentity"]

@@ -1,5 +1,7 @@
+"""``python -m nodeagent.client wait | ack STEP``: ``python -m shoal_worker`` by its old name."""
+
 import sys
 
-from nodeagent.client.cli import main
+from shoal_worker.cli import main
 
 sys.exit(main())

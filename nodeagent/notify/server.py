@@ -34,11 +34,11 @@ from typing import Any, Final, Protocol, TypeVar
 import grpc
 import structlog
 from google.protobuf.message import DecodeError
+from shoal_worker.protocol import notices_pb2 as pb
+from shoal_worker.protocol import rpc
 
 from nodeagent.events import Notice, PodKey, PodUid, rfc3339
 from nodeagent.metrics import Metrics
-from nodeagent.notify import notices_pb2 as pb
-from nodeagent.notify import rpc
 from nodeagent.notify.socketfile import Change, FileId, Folder, can_bind, change, clear, listening
 from nodeagent.store import AckOutcome
 

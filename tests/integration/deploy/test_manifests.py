@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from shoal_worker import PodIdentity
 
 from contracts import names
 from devcluster import nodes
 from fakes import metadata
-from nodeagent.client import PodIdentity
 from tests.integration.conftest import Devcluster
 from tests.integration.nodeagent.harness import (
     AgentProcess,

@@ -25,10 +25,10 @@ from typing import Any, TypeVar
 
 import pytest
 from packaging.requirements import Requirement
+from shoal_worker import LeaveNotice, NoticeClient, NoticeRefused, PodIdentity
 
 from contracts import names
 from fakes.clouds import CLOUDS, Alibaba, Aws, Azure, Cloud, Gcp, NoCloud
-from nodeagent.client import LeaveNotice, NoticeClient, NoticeRefused, PodIdentity
 from tests import waiting
 
 T = TypeVar("T")

@@ -18,14 +18,14 @@ import pytest
 import yaml
 from aiohttp import web
 from kubernetes import client
+from nodeagent.events import parse_rfc3339
+from shoal_worker import NoticeRefused, PodIdentity
 
 from contracts import gputopology, names
 from devcluster import nodes
 from fakes import metadata
 from fakes import nvml as fake_nvml
 from fakes.podresources import FakePodResources
-from nodeagent.client import NoticeRefused, PodIdentity
-from nodeagent.events import parse_rfc3339
 from tests.integration.conftest import Devcluster, account_kubeconfig
 from tests.integration.nodeagent.harness import (
     CLOUDS,
@@ -276,7 +276,7 @@ def test_shell_cli_waits_for_the_notice_and_acknowledges(aws_scene: Scene) -> No
         "POD_UID": pod.uid,
         "SHOAL_SOCKET": scene.agent.socket_path,
     }
-    cli = [sys.executable, "-m", "nodeagent.client"]
+    cli = [sys.executable, "-m", "shoal_worker"]
     early = subprocess.run(
         [*cli, "ack", "1"], check=False, env=env, capture_output=True, text=True, timeout=60
     )

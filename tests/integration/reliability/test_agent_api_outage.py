@@ -32,12 +32,12 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from shoal_worker import PodIdentity
 
 from contracts import names
 from devcluster import nodes
 from fakes import metadata
 from fakes.clouds import Alibaba
-from nodeagent.client import PodIdentity
 from tests import figures
 from tests.integration.conftest import Devcluster
 from tests.integration.nodeagent.harness import (

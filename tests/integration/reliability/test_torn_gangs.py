@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 from kubernetes import watch
+from shoal_worker import PodIdentity
 
 from contracts import names
 from contracts.times import parse_time_or
-from nodeagent.client import PodIdentity
 from tests import figures
 from tests.integration.nodeagent.harness import AgentProcess, Worker
 from tests.integration.scheduler.conftest import Pods, Pool, SchedulerProcess

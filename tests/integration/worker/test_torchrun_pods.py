@@ -22,11 +22,12 @@ import pytest
 
 pytest.importorskip("torch")
 
+from shoal_worker.distributed import latest_checkpoint
+
 from contracts import names
 from fakes import metadata
 from fakes.clouds import Aws
 from fakes.runtime import Runtime
-from nodeagent.client.distributed import latest_checkpoint
 from tests import figures
 from tests.integration.history import History
 from tests.integration.nodeagent.harness import AgentProcess, eventually

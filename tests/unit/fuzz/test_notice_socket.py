@@ -15,8 +15,8 @@ import grpc
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from shoal_worker.protocol import notices_pb2 as pb
 
-from nodeagent.notify import notices_pb2 as pb
 from tests.unit.fuzz.cases import Cases, search
 from tests.unit.nodeagent.notice_socket import PODS, SocketAgent, identity, notice
 

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
+from shoal_worker.protocol import notices_pb2 as pb
+from shoal_worker.protocol import rpc
 
 from nodeagent.agent import Agent
 from nodeagent.events import EventId, Kind, Notice, Pod, PodKey, PodUid, Tracked
-from nodeagent.notify import notices_pb2 as pb
-from nodeagent.notify import rpc
 from nodeagent.notify.server import SocketLimits, serve
 
 T = TypeVar("T")

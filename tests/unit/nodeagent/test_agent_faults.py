@@ -18,12 +18,12 @@ from typing import Any, TypeVar
 import aiohttp
 import grpc
 import pytest
+from shoal_worker.protocol import notices_pb2 as pb
+from shoal_worker.protocol import rpc
 
 from fakes import nvml as fake_nvml
 from fakes.metadata import AwsMetadata
 from fakes.podresources import FakePodResources
-from nodeagent.notify import notices_pb2 as pb
-from nodeagent.notify import rpc
 from tests import figures, waiting
 from tests.unit.nodeagent.notice_socket import PODS, identity
 

@@ -10,9 +10,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-
-from nodeagent.client.cli import main
-from nodeagent.client.leavefile import read_leave_by
+from shoal_worker.cli import main
+from shoal_worker.leavefile import read_leave_by
 
 LEAVE_BY = "2026-11-30T10:02:00Z"
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+from shoal_worker.protocol import notices_pb2 as pb
 from structlog.testing import capture_logs
 
-from nodeagent.notify import notices_pb2 as pb
 from tests.unit.nodeagent.notice_socket import PODS, SocketAgent, identity, notice
 
 pytestmark = pytest.mark.reliability

@@ -15,9 +15,8 @@ from collections import Counter
 from typing import Any
 
 import grpc
-
-from nodeagent.notify import notices_pb2 as pb
-from nodeagent.notify import rpc
+from shoal_worker.protocol import notices_pb2 as pb
+from shoal_worker.protocol import rpc
 
 #: One connection per channel: channels with equal arguments otherwise share one.
 OWN_CONNECTION = (("grpc.use_local_subchannel_pool", 1),)

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from nodeagent.client.distributed import latest_checkpoint, read_leave_by
+from shoal_worker.distributed import latest_checkpoint, read_leave_by
 
 
 def test_resume_skips_a_checkpoint_whose_save_did_not_finish(tmp_path: Path) -> None:

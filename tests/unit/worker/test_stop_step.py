@@ -11,7 +11,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from nodeagent.client.distributed import latest_checkpoint
+from shoal_worker.distributed import latest_checkpoint
+
 from tests.unit.nodeagent.notice_socket import notice
 from tests.unit.worker.torchjob import (
     Job,

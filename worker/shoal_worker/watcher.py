@@ -11,10 +11,11 @@ from typing import Any
 
 import grpc
 
-from nodeagent.notify import notices_pb2 as pb
-from nodeagent.notify import rpc
+from shoal_worker import contract
+from shoal_worker.protocol import notices_pb2 as pb
+from shoal_worker.protocol import rpc
 
-DEFAULT_SOCKET = "/run/shoal/agent.sock"
+DEFAULT_SOCKET = contract.DEFAULT_SOCKET
 
 
 class NoticeRefused(Exception):
@@ -35,7 +36,11 @@ class PodIdentity:
     @classmethod
     def from_env(cls) -> PodIdentity:
         try:
-            return cls(os.environ["POD_NAMESPACE"], os.environ["POD_NAME"], os.environ["POD_UID"])
+            return cls(
+                os.environ[contract.POD_NAMESPACE_ENV],
+                os.environ[contract.POD_NAME_ENV],
+                os.environ[contract.POD_UID_ENV],
+            )
         except KeyError as exc:
             raise NoticeRefused(
                 f"{exc.args[0]} is not set: expose it with the Downward API"
@@ -110,7 +115,7 @@ class NoticeClient:
 
     @classmethod
     def from_env(cls) -> NoticeClient:
-        return cls(PodIdentity.from_env(), os.environ.get("SHOAL_SOCKET", DEFAULT_SOCKET))
+        return cls(PodIdentity.from_env(), os.environ.get(contract.SOCKET_ENV, DEFAULT_SOCKET))
 
     def _identity(self) -> pb.PodIdentity:
         return pb.PodIdentity(namespace=self.pod.namespace, name=self.pod.name, uid=self.pod.uid)

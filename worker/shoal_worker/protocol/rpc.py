@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from nodeagent.notify import notices_pb2_grpc as _generated
+from shoal_worker.protocol import notices_pb2_grpc as _generated
 
 NoticesStub: Any = _generated.NoticesStub
 NoticesServicer: Any = _generated.NoticesServicer

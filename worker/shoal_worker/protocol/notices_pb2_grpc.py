@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from nodeagent.notify import notices_pb2 as nodeagent_dot_notify_dot_notices__pb2
+from shoal_worker.protocol import notices_pb2 as shoal__worker_dot_protocol_dot_notices__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in nodeagent/notify/notices_pb2_grpc.py depends on'
+        + ' but the generated code in shoal_worker/protocol/notices_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,13 +36,13 @@ class NoticesStub:
         """
         self.Watch = channel.unary_stream(
                 '/shoal.v1.Notices/Watch',
-                request_serializer=nodeagent_dot_notify_dot_notices__pb2.WatchRequest.SerializeToString,
-                response_deserializer=nodeagent_dot_notify_dot_notices__pb2.Notice.FromString,
+                request_serializer=shoal__worker_dot_protocol_dot_notices__pb2.WatchRequest.SerializeToString,
+                response_deserializer=shoal__worker_dot_protocol_dot_notices__pb2.Notice.FromString,
                 _registered_method=True)
         self.Acknowledge = channel.unary_unary(
                 '/shoal.v1.Notices/Acknowledge',
-                request_serializer=nodeagent_dot_notify_dot_notices__pb2.AcknowledgeRequest.SerializeToString,
-                response_deserializer=nodeagent_dot_notify_dot_notices__pb2.AcknowledgeReply.FromString,
+                request_serializer=shoal__worker_dot_protocol_dot_notices__pb2.AcknowledgeRequest.SerializeToString,
+                response_deserializer=shoal__worker_dot_protocol_dot_notices__pb2.AcknowledgeReply.FromString,
                 _registered_method=True)
 
 
@@ -70,13 +70,13 @@ def add_NoticesServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Watch': grpc.unary_stream_rpc_method_handler(
                     servicer.Watch,
-                    request_deserializer=nodeagent_dot_notify_dot_notices__pb2.WatchRequest.FromString,
-                    response_serializer=nodeagent_dot_notify_dot_notices__pb2.Notice.SerializeToString,
+                    request_deserializer=shoal__worker_dot_protocol_dot_notices__pb2.WatchRequest.FromString,
+                    response_serializer=shoal__worker_dot_protocol_dot_notices__pb2.Notice.SerializeToString,
             ),
             'Acknowledge': grpc.unary_unary_rpc_method_handler(
                     servicer.Acknowledge,
-                    request_deserializer=nodeagent_dot_notify_dot_notices__pb2.AcknowledgeRequest.FromString,
-                    response_serializer=nodeagent_dot_notify_dot_notices__pb2.AcknowledgeReply.SerializeToString,
+                    request_deserializer=shoal__worker_dot_protocol_dot_notices__pb2.AcknowledgeRequest.FromString,
+                    response_serializer=shoal__worker_dot_protocol_dot_notices__pb2.AcknowledgeReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -104,8 +104,8 @@ class Notices:
             request,
             target,
             '/shoal.v1.Notices/Watch',
-            nodeagent_dot_notify_dot_notices__pb2.WatchRequest.SerializeToString,
-            nodeagent_dot_notify_dot_notices__pb2.Notice.FromString,
+            shoal__worker_dot_protocol_dot_notices__pb2.WatchRequest.SerializeToString,
+            shoal__worker_dot_protocol_dot_notices__pb2.Notice.FromString,
             options,
             channel_credentials,
             insecure,
@@ -131,8 +131,8 @@ class Notices:
             request,
             target,
             '/shoal.v1.Notices/Acknowledge',
-            nodeagent_dot_notify_dot_notices__pb2.AcknowledgeRequest.SerializeToString,
-            nodeagent_dot_notify_dot_notices__pb2.AcknowledgeReply.FromString,
+            shoal__worker_dot_protocol_dot_notices__pb2.AcknowledgeRequest.SerializeToString,
+            shoal__worker_dot_protocol_dot_notices__pb2.AcknowledgeReply.FromString,
             options,
             channel_credentials,
             insecure,

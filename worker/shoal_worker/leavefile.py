@@ -22,9 +22,9 @@ import os
 from datetime import datetime
 from pathlib import Path
 
-from contracts.times import parse_time
+from shoal_worker.contract import LEAVE_BY_FILE_ENV, parse_time
 
-ENV = "SHOAL_LEAVE_BY_FILE"
+ENV = LEAVE_BY_FILE_ENV
 
 
 def read_leave_by(path: str | os.PathLike[str]) -> datetime | None:

@@ -1,4 +1,4 @@
-"""``python -m nodeagent.client wait | ack STEP``: the worker contract for any launcher.
+"""``python -m shoal_worker wait | ack STEP``: the worker contract for any launcher.
 
 ``wait`` blocks until this pod is told to leave, prints the notice as one JSON line and exits 0
 (exit 4 when the agent goes away first). ``ack STEP`` reports the checkpoint; exit 0 when the
@@ -8,7 +8,7 @@ Exit 5 when the agent is busy (it holds as many watches as it allows): try again
 When the agent's socket is absent and ``SHOAL_LEAVE_BY_FILE`` names the pod's
 ``shoal.dev/leave-by`` as a Downward API file, ``wait`` falls back to that file: it returns once
 the file holds a time, with ``source`` ``leave-by-file`` (the kubelet refreshes the file up to
-about a minute late; see :mod:`nodeagent.client.leavefile`).
+about a minute late; see :mod:`shoal_worker.leavefile`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from collections.abc import Sequence
 
 import grpc
 
-from nodeagent.client.leavefile import ENV, wait_leave_by
-from nodeagent.client.watcher import (
-    DEFAULT_SOCKET,
+from shoal_worker import contract
+from shoal_worker.leavefile import wait_leave_by
+from shoal_worker.watcher import (
     AgentBusy,
     NoticeClient,
     NoticeRefused,
@@ -38,7 +38,7 @@ EXIT_BUSY = 5
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m nodeagent.client",
+        prog="python -m shoal_worker",
         description="Hear this pod's revocation notice from the Shoal node agent, and "
         "acknowledge the checkpoint.",
         epilog="Each flag can also be set through the environment variable shown with it.",
@@ -47,13 +47,13 @@ def parser() -> argparse.ArgumentParser:
     def env(flag: str, var: str, help_text: str, default: str | None = None) -> None:
         p.add_argument(flag, default=os.environ.get(var, default), help=f"{help_text} [env {var}]")
 
-    env("--namespace", "POD_NAMESPACE", "this pod's namespace (Downward API)")
-    env("--name", "POD_NAME", "this pod's name (Downward API)")
-    env("--uid", "POD_UID", "this pod's metadata.uid (Downward API)")
-    env("--socket", "SHOAL_SOCKET", "the agent's unix socket", DEFAULT_SOCKET)
+    env("--namespace", contract.POD_NAMESPACE_ENV, "this pod's namespace (Downward API)")
+    env("--name", contract.POD_NAME_ENV, "this pod's name (Downward API)")
+    env("--uid", contract.POD_UID_ENV, "this pod's metadata.uid (Downward API)")
+    env("--socket", contract.SOCKET_ENV, "the agent's unix socket", contract.DEFAULT_SOCKET)
     env(
         "--leave-by-file",
-        ENV,
+        contract.LEAVE_BY_FILE_ENV,
         "the pod's shoal.dev/leave-by as a Downward API file: what 'wait' reads when the "
         "socket is absent (refreshed by the kubelet up to about a minute late)",
     )
