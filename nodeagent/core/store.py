@@ -285,7 +285,9 @@ class Store:
                 # known under another name came from a stale pod file: nothing of it is kept.)
                 self._pods[uid] = _PodState(pod=pod, notified=self._told_before(pod))
             else:
-                state.pod = pod
+                # A pod that opened a notice watch stays a worker (mark_worker), whatever the
+                # new copy's labels say.
+                state.pod = replace(pod, worker=True) if state.pod.worker else pod
                 if state.notified is None:
                     # Known before from the pod file, whose copy predates the annotation.
                     state.notified = self._told_before(pod)

@@ -19,6 +19,10 @@ moment it wakes and writes nothing: :meth:`LeaderElector.refusal` is asked at th
 cycle and right before each bind, status write, Event and eviction leaves (``FencedApi`` in
 ``scheduler/k8s/client.py``). It opens again only with a renewal, which fails if another
 replica has taken the Lease; the elector then gives up and the process exits.
+
+A leader that stops (SIGTERM: its pod deleted, a rollout) gives the Lease back on its way out
+(:func:`release_lease`), so the standby leads within a retry period instead of waiting out the
+lease duration; the elector's thread acquires and renews nothing after that.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -94,6 +99,28 @@ class LeaseFence:
         return why
 
 
+def release_lease(leases: Any, name: str, namespace: str, identity: str) -> bool:
+    """Give the Lease ``name`` back if ``identity`` holds it, as client-go's elector does when
+    it stops (no holder, a one-second duration, renewed now): a standby takes it at its next
+    try. Returns whether it was given back; a failure is logged, never raised (the Lease then
+    runs out on its own)."""
+    try:
+        lease = leases.read_namespaced_lease(name, namespace)
+        if lease.spec is None or lease.spec.holder_identity != identity:
+            return False
+        now = datetime.now(UTC)
+        lease.spec.holder_identity = None
+        lease.spec.lease_duration_seconds = 1
+        lease.spec.acquire_time = now
+        lease.spec.renew_time = now
+        leases.replace_namespaced_lease(name, namespace, lease)  # refused if it changed since
+    except Exception as exc:
+        log.warning("lease_not_released", identity=identity, error=str(exc) or type(exc).__name__)
+        return False
+    log.info("lease_released", identity=identity)
+    return True
+
+
 class TimedLeaseLock:
     """The client's ``LeaseLock``, telling the fence when each create or update that made this
     candidate the holder was sent (the clock read before the request left: never later than
@@ -106,17 +133,23 @@ class TimedLeaseLock:
         self.name: str = lock.name
         self.namespace: str = lock.namespace
         self.identity: str = lock.identity
+        #: Set when the replica stops: the elector's thread acquires and renews no more.
+        self.closed = False
 
     def get(self, name: str, namespace: str) -> Any:
         return self._lock.get(name, namespace)
 
     def create(self, name: str, namespace: str, election_record: Any) -> bool:
+        if self.closed:
+            return False
         sent = self._clock()
         done = bool(self._lock.create(name, namespace, election_record))
         self._held(done, election_record, sent)
         return done
 
     def update(self, name: str, namespace: str, updated_record: Any) -> bool:
+        if self.closed:
+            return False
         sent = self._clock()
         done = bool(self._lock.update(name, namespace, updated_record))
         self._held(done, updated_record, sent)
@@ -145,12 +178,14 @@ class LeaderElector:
         self.identity = f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
         lock = LeaseLock(name, namespace, self.identity)
         lock.api_instance = client.CoordinationV1Api(api)
+        self._leases = lock.api_instance
         self.fence = LeaseFence(lease_duration, renew_deadline, clock)
         self._leading = threading.Event()
         self._stopping = threading.Event()
         self._on_change = on_change
+        self._lock = TimedLeaseLock(lock, clock, self.fence)
         self._config = electionconfig.Config(
-            TimedLeaseLock(lock, clock, self.fence),
+            self._lock,
             lease_duration,
             renew_deadline,
             retry_period,
@@ -179,8 +214,15 @@ class LeaderElector:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop leading for good; a leader gives the Lease back (as kube-scheduler does on its
+        way out), so that the standby takes over within a retry period rather than once the
+        lease duration has run out."""
         self._stopping.set()
+        was = self._leading.is_set()
         self._leading.clear()
+        self._lock.closed = True
+        if was:
+            release_lease(self._leases, self._lock.name, self._lock.namespace, self.identity)
 
     def _run(self) -> None:
         try:

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduler.k8s.client import FencedApi, NotLeader, Rest, TokenBucket
-from scheduler.k8s.lease import LeaseFence, TimedLeaseLock, holds_lease
+from scheduler.k8s.lease import LeaseFence, TimedLeaseLock, holds_lease, release_lease
 from scheduler.k8s.status import ApiBinder
 from scheduler.model import GangKey, NodeName
 from scheduler.settings import SettingsError, resolve
@@ -213,3 +213,52 @@ def test_a_wrong_timing_in_the_config_file_names_the_file(tmp_path: Path) -> Non
     conf.write_text("leader-elect-renew-deadline: 20\n")
     with pytest.raises(SettingsError, match=f"{conf}: leader-elect-renew-deadline"):
         resolve(["--config", str(conf)], {})
+
+
+class Leases:
+    """A Lease held by ``holder``; ``replaced`` is what was written back."""
+
+    def __init__(self, holder: str) -> None:
+        self.lease = SimpleNamespace(
+            spec=SimpleNamespace(
+                holder_identity=holder,
+                lease_duration_seconds=15,
+                acquire_time=None,
+                renew_time=None,
+            )
+        )
+        self.replaced: list[Any] = []
+
+    def read_namespaced_lease(self, name: str, namespace: str) -> Any:
+        return self.lease
+
+    def replace_namespaced_lease(self, name: str, namespace: str, body: Any) -> Any:
+        self.replaced.append(body)
+        return body
+
+
+def test_a_stopping_leader_gives_the_lease_back_for_the_standby_to_take_at_once() -> None:
+    leases = Leases("me")
+    assert release_lease(leases, "shoal-scheduler", "ns", "me")
+    (written,) = leases.replaced
+    assert written.spec.holder_identity is None
+    assert written.spec.lease_duration_seconds == 1
+    assert written.spec.renew_time is not None
+
+
+def test_a_lease_held_by_another_replica_is_not_touched() -> None:
+    leases = Leases("the-other")
+    assert not release_lease(leases, "shoal-scheduler", "ns", "me")
+    assert leases.replaced == []
+
+
+def test_a_closed_lock_neither_acquires_nor_renews() -> None:
+    wire = SimpleNamespace(name="l", namespace="ns", identity="me", calls=[])
+    wire.create = lambda *a: wire.calls.append("create") or True
+    wire.update = lambda *a: wire.calls.append("update") or True
+    lock = TimedLeaseLock(wire, Clock(), LeaseFence(15, 10, Clock()))
+    lock.closed = True
+    record = SimpleNamespace(holder_identity="me")
+    assert not lock.create("l", "ns", record)
+    assert not lock.update("l", "ns", record)
+    assert wire.calls == []
