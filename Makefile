@@ -9,10 +9,10 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: venv devcluster browser images lint unit integration test demo clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml worker/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e ./worker -e '.[dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)

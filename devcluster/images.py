@@ -6,9 +6,11 @@ No registry is needed: the base is a Debian root made by ``mmdebstrap`` from Deb
 and turned into the image ``localhost/shoal-base:<that key>`` with a ``FROM scratch`` build. Both
 Dockerfiles then build on it (``--build-arg BASE=...``, ``--pull=never``), their Python
 dependencies pinned with hashes in ``requirements/images.lock`` (the build tools in
-``requirements/build.lock``), and each image is saved as an OCI archive in ``build/``:
-``build/shoal-scheduler.oci.tar`` and ``build/shoal-agent.oci.tar``. A second run reuses the
-cached base and podman's layer cache, and saves an archive again only when its image changed.
+``requirements/build.lock``; the project's own distributions, the product and the worker library
+in ``worker/``, are built from the checkout, never fetched), and each image is saved as an OCI
+archive in ``build/``: ``build/shoal-scheduler.oci.tar`` and ``build/shoal-agent.oci.tar``. A
+second run reuses the cached base and podman's layer cache, and saves an archive again only when
+its image changed.
 
 Every file in a layer carries the same fixed time (``--timestamp``) and every ``.pyc`` is
 hash-based, so the images depend only on their inputs: the same sources, lock and base give the
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -50,6 +53,10 @@ OUT_DIR: Final = ROOT / "build"
 LOCK: Final = ROOT / "requirements" / "images.lock"
 BUILD_LOCK: Final = ROOT / "requirements" / "build.lock"
 LOCK_COMMAND: Final = "python3 -m devcluster.images lock"
+#: The project's distributions besides the product's, built from the checkout into the images
+#: (never fetched from an index, so never in the lock): the worker library, which carries the
+#: socket protocol the agent serves.
+LOCAL_DISTRIBUTIONS: Final[Mapping[str, Path]] = {"shoal-worker": ROOT / "worker"}
 
 #: Where the base root and the tools live; outside the repository, kept between builds.
 CACHE_ENV: Final = "SHOAL_IMAGES_CACHE"
@@ -398,6 +405,22 @@ def uv(*, say: Say) -> Path:
     return binary
 
 
+def _dependencies(pyproject: Path) -> list[str]:
+    with pyproject.open("rb") as f:
+        return [str(r) for r in tomllib.load(f)["project"]["dependencies"]]
+
+
+def runtime_requirements() -> list[str]:
+    """What the images install from the lock: ``pyproject.toml``'s dependencies, each of the
+    project's own distributions replaced by its own dependencies."""
+    required: list[str] = []
+    for requirement in _dependencies(ROOT / "pyproject.toml"):
+        name = re.split(r"[\s\[<>=!~;@]", requirement, maxsplit=1)[0].lower()
+        local = LOCAL_DISTRIBUTIONS.get(name)
+        required += [requirement] if local is None else _dependencies(local / "pyproject.toml")
+    return required
+
+
 def build_requirements() -> list[str]:
     with (ROOT / "pyproject.toml").open("rb") as f:
         return [str(r) for r in tomllib.load(f)["build-system"]["requires"]]
@@ -419,7 +442,13 @@ def lock(*, say: Say = _say, upgrade: bool = False) -> None:
         *(["--upgrade"] if upgrade else []),
     ]
     env = {**os.environ, "UV_NO_CONFIG": "1"}
-    _run([*common, "pyproject.toml", "-o", str(LOCK)], env=env, what="uv pip compile")
+    # The project's own distributions resolve to their folders here and are left out of the lock.
+    local = "".join(f"./{path.relative_to(ROOT)}\n" for path in LOCAL_DISTRIBUTIONS.values())
+    unlisted = [f"--no-emit-package={name}" for name in LOCAL_DISTRIBUTIONS]
+    command = [*common, *unlisted, "pyproject.toml", "-", "-o", str(LOCK)]
+    result = subprocess.run(command, env=env, cwd=ROOT, input=local, text=True, check=False)
+    if result.returncode != 0:
+        raise ImagesError(f"uv pip compile (runtime) failed (exit {result.returncode})")
     requirements = "\n".join(build_requirements()) + "\n"
     command = [*common, "-", "-o", str(BUILD_LOCK)]
     result = subprocess.run(command, env=env, cwd=ROOT, input=requirements, text=True, check=False)

@@ -76,10 +76,21 @@ def _pyproject() -> dict[str, object]:
 
 
 def test_the_image_lock_matches_pyprojects_runtime_dependencies() -> None:
+    pins = parse_lock(images.LOCK.read_text())
+    assert drift(images.runtime_requirements(), pins) == [], FIX
+
+
+def test_the_projects_own_distributions_are_built_here_and_their_needs_are_locked() -> None:
+    """The worker library is a dependency of the product, built from ``worker/`` into the
+    images: the lock pins what it needs, and not the distribution itself."""
     project = _pyproject()["project"]
     assert isinstance(project, dict)
-    pins = parse_lock(images.LOCK.read_text())
-    assert drift(list(project["dependencies"]), pins) == [], FIX
+    own = {canonicalize_name(Requirement(r).name) for r in project["dependencies"]}
+    assert set(images.LOCAL_DISTRIBUTIONS) <= own
+    required = {canonicalize_name(Requirement(r).name) for r in images.runtime_requirements()}
+    assert {"grpcio", "protobuf"} <= required
+    assert not required & set(images.LOCAL_DISTRIBUTIONS)
+    assert not parse_lock(images.LOCK.read_text()).keys() & set(images.LOCAL_DISTRIBUTIONS)
 
 
 def test_the_build_lock_matches_pyprojects_build_backend() -> None:
