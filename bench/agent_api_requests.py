@@ -56,7 +56,7 @@ from aiohttp import web
 from kubernetes import client, config
 
 from devcluster import build, cluster, nodes
-from nodeagent.k8s.transport import from_kubeconfig
+from nodeagent.adapters.k8s.transport import from_kubeconfig
 from tests.integration.nodeagent.harness import AgentProcess, release, worker_pod
 
 #: Not forwarded: hop-by-hop headers, and what the proxy sets itself.

@@ -1,5 +1,5 @@
 import sys
 
-from nodeagent.cli import main
+from nodeagent.wiring.cli import main
 
 sys.exit(main())

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from common.listwatch import Gone
-from nodeagent.events import Notice, Pod, Tracked
+from nodeagent.core.events import Notice, Pod, Tracked
 
 T = TypeVar("T")
 
 
 class ClusterPort(Protocol):
-    """The Kubernetes calls the agent makes (see :class:`nodeagent.k8s.Cluster`); blocking."""
+    """The Kubernetes calls the agent makes (see :class:`nodeagent.adapters.k8s.Cluster`); blocking."""
 
     last_ok: float
     dry_run: bool
@@ -61,7 +61,7 @@ PodChange = Change[Pod]
 
 class Feed(Protocol[T]):
     """Objects of one kind, listed then watched through a field selector (this node's pods, the
-    Node itself, the Events of a reason; see :mod:`nodeagent.k8s.cluster`); blocking."""
+    Node itself, the Events of a reason; see :mod:`nodeagent.adapters.k8s.cluster`); blocking."""
 
     def list_at(self) -> tuple[list[T], str]:
         """The objects and the version of the list (to watch from)."""

@@ -14,7 +14,7 @@ open: the watch from the old version replays what changed meanwhile, or, when th
 too old, the list shows where things stand.
 
 Each watch reads on a daemon thread of its own (a blocked read never holds up the exit) with a
-client-side read timeout past the server's (the feed's, :mod:`nodeagent.k8s.cluster`); its
+client-side read timeout past the server's (the feed's, :mod:`nodeagent.adapters.k8s.cluster`); its
 changes, then its end, are handed to the event loop in order. The idle cost is one watch request
 per feed every ``watch_timeout`` to twice that, and one list per ``relist_every``
 (docs/benchmarks.md).
@@ -32,7 +32,7 @@ from typing import Generic, TypeVar
 import structlog
 
 from common import listwatch
-from nodeagent.calls import Change, Feed
+from nodeagent.adapters.calls import Change, Feed
 
 log = structlog.get_logger("nodeagent")
 

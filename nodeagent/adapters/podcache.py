@@ -5,7 +5,7 @@ Workers are identified by namespace, name and uid (see :mod:`nodeagent.notify.se
 that starts while the API server is down cannot list its pods, and without this file it would
 refuse every worker exactly when the control plane is in trouble. The file holds only what
 identification and the store's decisions need (its content, and how it is read, is
-:mod:`nodeagent.podcodec`, pure).
+:mod:`nodeagent.core.podcodec`, pure).
 
 It is written whole to a temporary file in the same folder and renamed over the old one, so a
 reader finds the old list or the new one, never a mix. A missing, truncated, malformed,
@@ -25,12 +25,12 @@ from pathlib import Path
 
 import structlog
 
-from nodeagent.events import Pod
-from nodeagent.podcodec import FILENAME, MAX_BYTES, MAX_PODS, CacheError, decode, encode
+from nodeagent.core.events import Pod
+from nodeagent.core.podcodec import FILENAME, MAX_BYTES, MAX_PODS, CacheError, decode, encode
 
 __all__ = ["FILENAME", "MAX_BYTES", "MAX_PODS", "CacheError", "PodCache", "decode", "encode"]
 
-log = structlog.get_logger("nodeagent.podcache")
+log = structlog.get_logger("nodeagent.adapters.podcache")
 
 
 @dataclass(slots=True)

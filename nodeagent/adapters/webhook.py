@@ -12,9 +12,9 @@ from typing import Any
 import aiohttp
 import structlog
 
-from nodeagent.events import Notice, rfc3339
+from nodeagent.core.events import Notice, rfc3339
 
-log = structlog.get_logger("nodeagent.webhook")
+log = structlog.get_logger("nodeagent.adapters.webhook")
 
 
 def payload(kind: str, node: str, notice: Notice) -> dict[str, Any]:

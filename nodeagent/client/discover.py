@@ -1,8 +1,8 @@
-"""``python -m nodeagent.client.discover``: Horovod host discovery (see nodeagent.k8s.discover)."""
+"""``python -m nodeagent.client.discover``: Horovod host discovery (see nodeagent.adapters.k8s.discover)."""
 
 import sys
 
-from nodeagent.k8s.discover import main
+from nodeagent.adapters.k8s.discover import main
 
 if __name__ == "__main__":
     sys.exit(main())

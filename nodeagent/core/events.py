@@ -1,7 +1,7 @@
 """Value types the agent's core works on: notices, the pods on the node, and the actions due.
 
 Everything here is a frozen value. Providers turn raw metadata into :class:`Notice`; the
-Kubernetes adapter turns pod objects into :class:`Pod`; :mod:`nodeagent.store` decides which
+Kubernetes adapter turns pod objects into :class:`Pod`; :mod:`nodeagent.core.store` decides which
 :data:`Action` is due and the adapters carry it out.
 """
 

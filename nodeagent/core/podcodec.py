@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from contracts.names import MAX_CHECKPOINT_SECONDS
-from nodeagent.events import Pod, PodKey, PodUid, parse_rfc3339, rfc3339
+from nodeagent.core.events import Pod, PodKey, PodUid, parse_rfc3339, rfc3339
 
 VERSION: Final = 1
 FILENAME: Final = "pods.json"

@@ -9,13 +9,13 @@ State machine of a pod under notice (one per pod uid)::
         DeletePod (last resort, once)
 
 A notice first seen with less time than ``evict_margin`` (or past its deadline) is late: its pods
-are evicted as soon as they are told, each :class:`~nodeagent.events.EvictPod` carrying a
-:class:`~nodeagent.events.Late` the pod's Event words. A delete never comes first: only an
+are evicted as soon as they are told, each :class:`~nodeagent.core.events.EvictPod` carrying a
+:class:`~nodeagent.core.events.Late` the pod's Event words. A delete never comes first: only an
 eviction refused (after ``evict_retry``) or accepted before the delete margin is followed by one,
 so every pod gets the Eviction API's ``DisruptionTarget`` condition when it can.
 
 ``now`` is always the corrected clock's: deadlines from cloud metadata are absolute, real times,
-so the caller adds its clock's measured offset (:mod:`nodeagent.clock`) before asking.
+so the caller adds its clock's measured offset (:mod:`nodeagent.wiring.clock`) before asking.
 
 Notices come in as complete observations per channel (:meth:`Store.observe`): an id seen before
 is the same notice (deduplicated; its deadline may only move earlier), an id missing from a
@@ -46,7 +46,7 @@ from enum import StrEnum
 
 from contracts import names
 from contracts.times import utc
-from nodeagent.events import (
+from nodeagent.core.events import (
     RECLAIM_CHANNEL,
     SCHEDULER_SOURCE,
     AckUpstream,

@@ -37,10 +37,10 @@ from google.protobuf.message import DecodeError
 from shoal_worker.protocol import notices_pb2 as pb
 from shoal_worker.protocol import rpc
 
-from nodeagent.events import Notice, PodKey, PodUid, rfc3339
-from nodeagent.metrics import Metrics
+from nodeagent.adapters.metrics import Metrics
+from nodeagent.core.events import Notice, PodKey, PodUid, rfc3339
+from nodeagent.core.store import AckOutcome
 from nodeagent.notify.socketfile import Change, FileId, Folder, can_bind, change, clear, listening
-from nodeagent.store import AckOutcome
 
 log = structlog.get_logger("nodeagent.notify")
 

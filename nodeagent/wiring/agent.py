@@ -2,22 +2,22 @@
 
 Each piece of state has one room (one job each):
 
-- :class:`~nodeagent.intake.Intake`: what the providers report, into the store; with each
-  channel's read health (:class:`~nodeagent.channels.Channels`);
-- :class:`~nodeagent.pods.PodList`: this node's pods (listed, then watched), the pod file, the
+- :class:`~nodeagent.wiring.intake.Intake`: what the providers report, into the store; with each
+  channel's read health (:class:`~nodeagent.wiring.channels.Channels`);
+- :class:`~nodeagent.wiring.pods.PodList`: this node's pods (listed, then watched), the pod file, the
   state restored at start, and the scheduler's reclaims written on them (into the intake);
-- :class:`~nodeagent.board.NoticeBoard`: what the workers see over the notice socket (the gRPC
+- :class:`~nodeagent.wiring.board.NoticeBoard`: what the workers see over the notice socket (the gRPC
   service calls it; the reconcile loop tells through it);
-- :class:`~nodeagent.executor.Executor`: the store's actions carried out through the API, off the
-  event loop (:class:`~nodeagent.calls.ApiCalls`), one at a time per node or pod;
-- :class:`~nodeagent.drain.DrainWatch`: when the node has drained;
-- :class:`~nodeagent.reconcile.Reconciler`: the reconcile loop;
-- :class:`~nodeagent.reports.Reports`: ``/healthz``, ``/readyz`` and ``/status``;
+- :class:`~nodeagent.wiring.executor.Executor`: the store's actions carried out through the API, off the
+  event loop (:class:`~nodeagent.adapters.calls.ApiCalls`), one at a time per node or pod;
+- :class:`~nodeagent.wiring.drain.DrainWatch`: when the node has drained;
+- :class:`~nodeagent.wiring.reconcile.Reconciler`: the reconcile loop;
+- :class:`~nodeagent.wiring.reports.Reports`: ``/healthz``, ``/readyz`` and ``/status``;
 - the GPU monitor, when enabled (topology, allocation, XID health, GPU-fault notices), whose
-  topology :class:`~nodeagent.topology.TopologyWriter` puts on the node.
+  topology :class:`~nodeagent.wiring.topology.TopologyWriter` puts on the node.
 
-The pure core they hold is :class:`~nodeagent.store.Store`. Guarded background tasks
-(:class:`~nodeagent.guard.Guard`: a crash is logged and the task restarted, never lost): each
+The pure core they hold is :class:`~nodeagent.core.store.Store`. Guarded background tasks
+(:class:`~nodeagent.wiring.guard.Guard`: a crash is logged and the task restarted, never lost): each
 provider's watch, the pod list and watch, the reconcile loop, and the GPU monitor.
 
 Workers hear their notice over gRPC *before* any API write, and the reconcile loop never waits on
@@ -39,25 +39,25 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from nodeagent.board import NoticeBoard
-from nodeagent.calls import ApiCalls, ClusterPort, Feed
-from nodeagent.channels import Channels
-from nodeagent.drain import DrainWatch
-from nodeagent.events import Pod
-from nodeagent.executor import Executor
-from nodeagent.follow import WatchSettings
-from nodeagent.gpu.monitor import GpuMonitor, GpuOptions
-from nodeagent.guard import Guard
-from nodeagent.intake import Intake
-from nodeagent.metrics import Metrics
-from nodeagent.podcache import PodCache
-from nodeagent.pods import PodList
-from nodeagent.providers import Provider
-from nodeagent.reconcile import Reconciler
-from nodeagent.reports import Reports
-from nodeagent.store import Settings, Store
-from nodeagent.topology import TopologyWriter
-from nodeagent.webhook import Webhook
+from nodeagent.adapters.calls import ApiCalls, ClusterPort, Feed
+from nodeagent.adapters.follow import WatchSettings
+from nodeagent.adapters.gpu.monitor import GpuMonitor, GpuOptions
+from nodeagent.adapters.metrics import Metrics
+from nodeagent.adapters.podcache import PodCache
+from nodeagent.adapters.providers import Provider
+from nodeagent.adapters.webhook import Webhook
+from nodeagent.core.events import Pod
+from nodeagent.core.store import Settings, Store
+from nodeagent.wiring.board import NoticeBoard
+from nodeagent.wiring.channels import Channels
+from nodeagent.wiring.drain import DrainWatch
+from nodeagent.wiring.executor import Executor
+from nodeagent.wiring.guard import Guard
+from nodeagent.wiring.intake import Intake
+from nodeagent.wiring.pods import PodList
+from nodeagent.wiring.reconcile import Reconciler
+from nodeagent.wiring.reports import Reports
+from nodeagent.wiring.topology import TopologyWriter
 
 __all__ = ["Agent", "AgentSettings", "ClusterPort"]
 
@@ -70,7 +70,7 @@ class AgentSettings:
     #: Pod list refresh when idle, and while a notice is live (without a pod feed).
     pods_every: float = 5.0
     pods_every_under_notice: float = 1.0
-    #: With a pod feed: how the pods are watched (nodeagent/follow.py).
+    #: With a pod feed: how the pods are watched (nodeagent/adapters/follow.py).
     watch: WatchSettings = field(default_factory=WatchSettings)
     #: After a failed action, retry this much later.
     retry_after: float = 1.0

@@ -20,11 +20,11 @@ from collections.abc import Callable
 
 import structlog
 
-from nodeagent.events import EventId, Notice, PodKey, PodUid
-from nodeagent.metrics import Metrics
+from nodeagent.adapters.metrics import Metrics
+from nodeagent.core.events import EventId, Notice, PodKey, PodUid
+from nodeagent.core.store import AckOutcome, Store
 from nodeagent.notify.server import NoticeService, message
-from nodeagent.pods import PodList
-from nodeagent.store import AckOutcome, Store
+from nodeagent.wiring.pods import PodList
 
 log = structlog.get_logger("nodeagent")
 

@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 import structlog
 
-from nodeagent.events import rfc3339
-from nodeagent.metrics import Metrics
+from nodeagent.adapters.metrics import Metrics
+from nodeagent.core.events import rfc3339
 
 log = structlog.get_logger("nodeagent")
 

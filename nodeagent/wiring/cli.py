@@ -19,25 +19,26 @@ import structlog
 from common import logs
 from common.values import parse_bool
 from contracts.names import REVOKING_TAINT
-from nodeagent import clock, health, podresources
-from nodeagent.agent import Agent, AgentSettings, wall_clock
-from nodeagent.gpu.monitor import GpuOptions
-from nodeagent.gpu.xid import XidPolicy
-from nodeagent.notify.server import DEFAULT_SOCKET, SocketLimits, serve
-from nodeagent.podcache import FILENAME, PodCache
-from nodeagent.providers import Provider, select
-from nodeagent.providers.base import Clock
-from nodeagent.providers.kube import (
+from nodeagent import podresources
+from nodeagent.adapters.gpu.monitor import GpuOptions
+from nodeagent.adapters.gpu.xid import XidPolicy
+from nodeagent.adapters.podcache import FILENAME, PodCache
+from nodeagent.adapters.providers import Provider, select
+from nodeagent.adapters.providers.base import Clock
+from nodeagent.adapters.providers.kube import (
     DEFAULT_TAINTS,
     KubeEventProvider,
     KubePodProvider,
     KubeTaintProvider,
 )
-from nodeagent.store import Settings
-from nodeagent.webhook import Webhook
+from nodeagent.adapters.webhook import Webhook
+from nodeagent.core.store import Settings
+from nodeagent.notify.server import DEFAULT_SOCKET, SocketLimits, serve
+from nodeagent.wiring import clock, health
+from nodeagent.wiring.agent import Agent, AgentSettings, wall_clock
 
 if TYPE_CHECKING:
-    from nodeagent.k8s import Cluster
+    from nodeagent.adapters.k8s import Cluster
 
 log = structlog.get_logger("nodeagent")
 
@@ -90,7 +91,7 @@ def _taint_keys(text: str) -> frozenset[str]:
 
 
 def _conditions(text: str) -> frozenset[Any]:
-    from nodeagent.k8s import ConditionRule
+    from nodeagent.adapters.k8s import ConditionRule
 
     try:
         return frozenset(ConditionRule.parse(p) for p in text.split(",") if p.strip())
@@ -526,7 +527,7 @@ def build_agent(
 
 def clock_check() -> clock.ClockCheck:
     """The agent's clock: the local one (shifted by the test hook ``SHOAL_TEST_CLOCK_OFFSET``
-    when set, see :mod:`nodeagent.clock`), corrected by the measured offset."""
+    when set, see :mod:`nodeagent.wiring.clock`), corrected by the measured offset."""
     shift = clock.injected_offset()
     if not shift:
         return clock.ClockCheck()
@@ -543,7 +544,7 @@ async def _until_signalled() -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    from nodeagent.k8s import Cluster
+    from nodeagent.adapters.k8s import Cluster
 
     provider_name = args.provider
     if provider_name == "auto":
@@ -602,7 +603,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.node_name:
         parser().error("--node-name (or NODE_NAME) is required")
     logs.configure(args.log_format, args.log_level)
-    from nodeagent.k8s.transport import KubeconfigError
+    from nodeagent.adapters.k8s.transport import KubeconfigError
 
     try:
         return asyncio.run(run(args))

@@ -2,8 +2,8 @@
 
 A cloud's deadline is an absolute, real time, and the API server stamps the Events and the
 conditions people compare it with; a node whose clock is off would evict too early or too late.
-Every answer of the API server (:class:`nodeagent.k8s.Cluster`) and of the metadata server
-(:class:`nodeagent.providers.base.Http`) carries a ``Date`` header, whole seconds of the
+Every answer of the API server (:class:`nodeagent.adapters.k8s.Cluster`) and of the metadata server
+(:class:`nodeagent.adapters.providers.base.Http`) carries a ``Date`` header, whole seconds of the
 server's clock. The server read its clock while the request was under way, between ``sent`` and
 ``received`` on the local clock, so its offset from the local clock lies in::
 
@@ -41,7 +41,7 @@ from email.utils import parsedate_to_datetime
 
 import structlog
 
-from nodeagent.metrics import Metrics
+from nodeagent.adapters.metrics import Metrics
 
 log = structlog.get_logger("nodeagent")
 

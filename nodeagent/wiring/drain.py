@@ -14,10 +14,10 @@ from collections.abc import Callable
 
 import structlog
 
-from nodeagent.events import EventId
-from nodeagent.metrics import Metrics
-from nodeagent.store import Store
-from nodeagent.webhook import Webhook, payload
+from nodeagent.adapters.metrics import Metrics
+from nodeagent.adapters.webhook import Webhook, payload
+from nodeagent.core.events import EventId
+from nodeagent.core.store import Store
 
 log = structlog.get_logger("nodeagent")
 

@@ -1,23 +1,23 @@
-"""Carrying out the store's actions through the :class:`~nodeagent.calls.ClusterPort`.
+"""Carrying out the store's actions through the :class:`~nodeagent.adapters.calls.ClusterPort`.
 
 Each action writes to a target (the node, a pod, a cloud event), one write at a time per target,
-each in the background on the API threads (:class:`~nodeagent.calls.ApiCalls`): the reconcile
+each in the background on the API threads (:class:`~nodeagent.adapters.calls.ApiCalls`): the reconcile
 loop starts what is due and never waits for it. Per target::
 
     idle --start--> in flight --done--> idle
                         |
                         +--failed--> held back for retry_after --> idle
 
-Each result goes to the store (:meth:`nodeagent.store.Store.record`; a failed action stays due),
+Each result goes to the store (:meth:`nodeagent.core.store.Store.record`; a failed action stays due),
 is counted, and wakes the reconcile loop for what follows (an eviction once a pod is told, say).
 A withdrawal is told to the pod's watches before its annotation is cleared; the cloud is not
 acknowledged on a dry run. A pod the scheduler reclaims (``shoal.dev/reclaimed-for``) keeps the
 scheduler's ``shoal.dev/leave-by``: the agent tells its watches but never writes or clears that
 annotation, so the scheduler's eviction time stays as the scheduler wrote it. A pod told of a
 notice that gives it less time than its checkpoint takes (``shoal.dev/checkpoint-seconds``) gets
-a log line and a Warning Event saying so (:func:`nodeagent.store.short_notice`). A pod evicted
+a log line and a Warning Event saying so (:func:`nodeagent.core.store.short_notice`). A pod evicted
 under a notice that came with less time than the evict margin, or past its deadline
-(:class:`~nodeagent.events.Late`), gets a log line and a Warning Event saying how late it came.
+(:class:`~nodeagent.core.events.Late`), gets a log line and a Warning Event saying how late it came.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from datetime import datetime
 
 import structlog
 
-from nodeagent.board import NoticeBoard
-from nodeagent.calls import ApiCalls, ClusterPort
-from nodeagent.events import (
+from nodeagent.adapters.calls import ApiCalls, ClusterPort
+from nodeagent.adapters.metrics import Metrics
+from nodeagent.adapters.providers import Provider
+from nodeagent.core.events import (
     AckUpstream,
     Action,
     DeletePod,
@@ -44,9 +45,8 @@ from nodeagent.events import (
     WithdrawPod,
     rfc3339,
 )
-from nodeagent.metrics import Metrics
-from nodeagent.providers import Provider
-from nodeagent.store import Store, short_notice
+from nodeagent.core.store import Store, short_notice
+from nodeagent.wiring.board import NoticeBoard
 
 log = structlog.get_logger("nodeagent")
 

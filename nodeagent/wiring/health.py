@@ -1,6 +1,6 @@
 """HTTP endpoints (aiohttp, embedded with ``AppRunner``): /healthz, /readyz, /metrics, /status.
 
-What they serve comes from :class:`Endpoints` (the agent's :class:`nodeagent.reports.Reports`)
+What they serve comes from :class:`Endpoints` (the agent's :class:`nodeagent.wiring.reports.Reports`)
 and, for /healthz and /readyz, :class:`NoticeSocket` (whether new workers can connect); this
 module only speaks HTTP and decides who may see pod names.
 """
@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from nodeagent.metrics import Metrics
+from nodeagent.adapters.metrics import Metrics
 
 
 class Endpoints(Protocol):

@@ -1,8 +1,8 @@
 """What the providers report, into the store.
 
 Each provider reports complete observations of its channels, or a failed read (see
-:mod:`nodeagent.providers`); the GPU monitor reports its fault notices as the channel ``gpu``.
-An observation updates the channel's read health (:mod:`nodeagent.channels`) and goes to the
+:mod:`nodeagent.adapters.providers`); the GPU monitor reports its fault notices as the channel ``gpu``.
+An observation updates the channel's read health (:mod:`nodeagent.wiring.channels`) and goes to the
 store, which deduplicates by event id and notices withdrawals. The scheduler's reclaims come from
 the pods room (:meth:`Intake.reclaims`, the channel ``scheduler/reclaim``), read from this node's
 pods rather than from a metadata channel. Each notice new to the store is
@@ -19,12 +19,12 @@ from datetime import datetime
 
 import structlog
 
-from nodeagent.channels import Channels, Reader
-from nodeagent.events import RECLAIM_CHANNEL, EventId, Notice, rfc3339
-from nodeagent.metrics import Metrics
-from nodeagent.providers import Provider, ProviderError, Sink
-from nodeagent.store import Store
-from nodeagent.webhook import Webhook, payload
+from nodeagent.adapters.metrics import Metrics
+from nodeagent.adapters.providers import Provider, ProviderError, Sink
+from nodeagent.adapters.webhook import Webhook, payload
+from nodeagent.core.events import RECLAIM_CHANNEL, EventId, Notice, rfc3339
+from nodeagent.core.store import Store
+from nodeagent.wiring.channels import Channels, Reader
 
 log = structlog.get_logger("nodeagent")
 

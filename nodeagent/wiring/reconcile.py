@@ -1,8 +1,8 @@
 """The reconcile loop: whenever woken, or when the store's next moment comes, do what is due.
 
 A turn asks the store what is due at ``now``, tells the workers first (over gRPC, before any API
-write), then, once the state is restored (:class:`~nodeagent.pods.PodList`), starts the API
-writes that are due (:class:`~nodeagent.executor.Executor`) and checks whether the node has
+write), then, once the state is restored (:class:`~nodeagent.wiring.pods.PodList`), starts the API
+writes that are due (:class:`~nodeagent.wiring.executor.Executor`) and checks whether the node has
 drained. A turn never waits on the API server. Between turns the loop sleeps until it is woken
 (a report, an acknowledgement, a pod list, a write's result), until the store's next moment,
 until a held-back write may be tried again, or for :data:`IDLE_TURN` seconds at most.
@@ -16,12 +16,12 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from nodeagent.board import NoticeBoard
-from nodeagent.drain import DrainWatch
-from nodeagent.events import NotifyPod
-from nodeagent.executor import Executor
-from nodeagent.pods import PodList
-from nodeagent.store import Store
+from nodeagent.core.events import NotifyPod
+from nodeagent.core.store import Store
+from nodeagent.wiring.board import NoticeBoard
+from nodeagent.wiring.drain import DrainWatch
+from nodeagent.wiring.executor import Executor
+from nodeagent.wiring.pods import PodList
 
 #: The loop turns at least this often (``/healthz`` checks that it does).
 IDLE_TURN = 5.0

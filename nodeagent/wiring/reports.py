@@ -1,4 +1,4 @@
-"""What the HTTP endpoints say (:mod:`nodeagent.health`): the ``/healthz``, ``/readyz`` and
+"""What the HTTP endpoints say (:mod:`nodeagent.wiring.health`): the ``/healthz``, ``/readyz`` and
 ``/status`` documents. Read-only views of the other rooms; nothing here changes state.
 
 - ``/healthz`` (liveness): the event loop turns (it answers), every background task runs and
@@ -17,16 +17,16 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from nodeagent.board import NoticeBoard
-from nodeagent.calls import ClusterPort
-from nodeagent.channels import Channels
-from nodeagent.events import Tracked, rfc3339
-from nodeagent.executor import Executor
-from nodeagent.guard import Guard
-from nodeagent.metrics import Metrics
-from nodeagent.pods import PodList
-from nodeagent.reconcile import Reconciler
-from nodeagent.store import Store
+from nodeagent.adapters.calls import ClusterPort
+from nodeagent.adapters.metrics import Metrics
+from nodeagent.core.events import Tracked, rfc3339
+from nodeagent.core.store import Store
+from nodeagent.wiring.board import NoticeBoard
+from nodeagent.wiring.channels import Channels
+from nodeagent.wiring.executor import Executor
+from nodeagent.wiring.guard import Guard
+from nodeagent.wiring.pods import PodList
+from nodeagent.wiring.reconcile import Reconciler
 
 #: Seconds without a reconcile turn (``/healthz``) or an API answer (``/readyz``) that count.
 STALL_AFTER = 30.0
@@ -35,7 +35,7 @@ Document = tuple[bool, dict[str, Any]]
 
 
 class GpuView(Protocol):
-    """What the reports show of the GPU monitor (:class:`nodeagent.gpu.monitor.GpuMonitor`)."""
+    """What the reports show of the GPU monitor (:class:`nodeagent.adapters.gpu.monitor.GpuMonitor`)."""
 
     state: str
     allocation: str
@@ -60,7 +60,7 @@ def _notice(tracked: Tracked) -> dict[str, Any]:
 
 
 class Reports:
-    """Satisfies :class:`nodeagent.health.Endpoints`."""
+    """Satisfies :class:`nodeagent.wiring.health.Endpoints`."""
 
     def __init__(
         self,

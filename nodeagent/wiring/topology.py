@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from contracts import gputopology
 from contracts.gputopology import GpuTopology
-from nodeagent.calls import ApiCalls, ClusterPort
+from nodeagent.adapters.calls import ApiCalls, ClusterPort
 
 
 class TopologyWriter:

@@ -28,8 +28,8 @@ import pytest
 import yaml
 
 from devcluster import pki
-from nodeagent import cli as agent_cli
-from nodeagent import health
+from nodeagent.wiring import cli as agent_cli
+from nodeagent.wiring import health
 from scheduler import settings as scheduler_settings
 from tests.unit.nodeagent.notice_socket import PODS, SocketAgent
 

@@ -17,11 +17,11 @@ from datetime import UTC, datetime, timedelta
 import structlog
 
 from contracts.gputopology import GpuTopology
-from nodeagent.events import EventId, Kind, Notice, PodKey
-from nodeagent.gpu import nvml
-from nodeagent.gpu.xid import GpuHealth, XidPolicy
+from nodeagent.adapters.gpu import nvml
+from nodeagent.adapters.gpu.xid import GpuHealth, XidPolicy
+from nodeagent.core.events import EventId, Kind, Notice, PodKey
 
-log = structlog.get_logger("nodeagent.gpu")
+log = structlog.get_logger("nodeagent.adapters.gpu")
 
 Publish = Callable[[GpuTopology], Awaitable[None]]
 #: GPU UUID -> ``namespace/pod`` (the kubelet's PodResources API).

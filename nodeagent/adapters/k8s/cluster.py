@@ -1,6 +1,6 @@
 """Node and pod reads and writes for one node: taint, annotations, Events, eviction.
 
-Requests are plain REST calls on raw JSON through a :mod:`nodeagent.k8s.transport`; the JSON is
+Requests are plain REST calls on raw JSON through a :mod:`nodeagent.adapters.k8s.transport`; the JSON is
 converted to our own types here. The generated per-resource API classes are not used:
 instantiating ``CoreV1Api`` alone costs about 22 MiB of resident memory (its validators), more
 than everything the agent does with it.
@@ -22,8 +22,9 @@ from urllib3.exceptions import HTTPError
 from common.kubeevents import EventSource, event_body
 from common.listwatch import WatchError, decode
 from contracts import names
-from nodeagent.calls import Change, PodChange, WatchExpired
-from nodeagent.events import (
+from nodeagent.adapters.calls import Change, PodChange, WatchExpired
+from nodeagent.adapters.k8s.transport import Stream, Transport, connect
+from nodeagent.core.events import (
     EventId,
     Kind,
     NodeTaints,
@@ -36,13 +37,12 @@ from nodeagent.events import (
     parse_rfc3339,
     rfc3339,
 )
-from nodeagent.k8s.transport import Stream, Transport, connect
 
 #: Told of each answer: when the request was sent and its answer received (the local clock,
-#: seconds since the epoch) and the answer's ``Date`` header (see :mod:`nodeagent.clock`).
+#: seconds since the epoch) and the answer's ``Date`` header (see :mod:`nodeagent.wiring.clock`).
 DateProbe = Callable[[float, float, str | None], None]
 
-log = structlog.get_logger("nodeagent.k8s")
+log = structlog.get_logger("nodeagent.adapters.k8s")
 
 COMPONENT = "shoal-nodeagent"
 _TERMINAL = ("Succeeded", "Failed")
@@ -257,7 +257,7 @@ def pod_event(raw: dict[str, Any]) -> PodEvent:
 @dataclass(slots=True)
 class ListWatch(Generic[T]):
     """The objects at ``path`` under the field selector ``selector``, listed then watched (a
-    :class:`nodeagent.calls.Feed`): this node's pods, the Node itself, the Events of a reason.
+    :class:`nodeagent.adapters.calls.Feed`): this node's pods, the Node itself, the Events of a reason.
     ``finished`` objects are left out of a list and gone from a watch."""
 
     cluster: Cluster
@@ -279,7 +279,7 @@ class ListWatch(Generic[T]):
         return [self.parse(o) for o in items if not self.finished(o)], version
 
     def watch(self, version: str, timeout: int) -> Iterator[Change[T]]:
-        """Each change after ``version`` (see :class:`nodeagent.calls.Feed`). The server ends
+        """Each change after ``version`` (see :class:`nodeagent.adapters.calls.Feed`). The server ends
         the watch after ``timeout`` seconds; a read that waits :data:`WATCH_MARGIN` seconds
         longer (a silent, half-open connection) raises."""
         query = {
@@ -335,7 +335,7 @@ class Cluster:
     #: The local clock the answers' ``Date`` headers are measured against, and who is told.
     local: Callable[[], float] = time.time
     on_date: DateProbe | None = None
-    #: The clock Events are stamped with (the corrected one, :mod:`nodeagent.clock`).
+    #: The clock Events are stamped with (the corrected one, :mod:`nodeagent.wiring.clock`).
     wall: Callable[[], float] = time.time
     _last_ok: float = field(default=0.0, init=False)
     #: How many watches the API server is answering now.
@@ -407,7 +407,7 @@ class Cluster:
 
     def event_feed(self, reason: str) -> ListWatch[PodEvent]:
         """The Events of ``reason`` about pods, in every namespace (an Event's field selectors
-        cannot name a node: :class:`nodeagent.providers.kube.KubeEventProvider` keeps those
+        cannot name a node: :class:`nodeagent.adapters.providers.kube.KubeEventProvider` keeps those
         about this node's pods)."""
         selector = f"involvedObject.kind=Pod,reason={reason}"
         return ListWatch(self, f"events {reason}", "/api/v1/events", selector, pod_event)

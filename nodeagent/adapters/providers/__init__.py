@@ -6,7 +6,7 @@ never end the watch. Deduplication and withdrawal are the store's job, not the p
 provider only has to derive a stable event id from what the cloud says.
 """
 
-from nodeagent.providers.base import (
+from nodeagent.adapters.providers.base import (
     BadBody,
     BadStatus,
     HttpSettings,

@@ -11,8 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from nodeagent.events import EventId, Kind, Notice
-from nodeagent.providers.base import (
+from nodeagent.adapters.providers.base import (
     Clock,
     Http,
     HttpSettings,
@@ -22,13 +21,14 @@ from nodeagent.providers.base import (
     report,
     wall_clock,
 )
-from nodeagent.providers.common import (
+from nodeagent.adapters.providers.common import (
     SessionToken,
     digest,
     plain_body,
     rfc3339_field,
     unexpected,
 )
+from nodeagent.core.events import EventId, Kind, Notice
 
 DEFAULT_URL = "http://100.100.100.200"
 WHERE = "instance/spot/termination-time"

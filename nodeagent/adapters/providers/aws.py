@@ -26,8 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from nodeagent.events import EventId, Kind, Notice
-from nodeagent.providers.base import (
+from nodeagent.adapters.providers.base import (
     BadBody,
     Clock,
     Http,
@@ -38,13 +37,14 @@ from nodeagent.providers.base import (
     report,
     wall_clock,
 )
-from nodeagent.providers.common import (
+from nodeagent.adapters.providers.common import (
     SessionToken,
     http_date_field,
     json_body,
     rfc3339_field,
     unexpected,
 )
+from nodeagent.core.events import EventId, Kind, Notice
 
 DEFAULT_URL = "http://169.254.169.254"
 SPOT_LEAD = timedelta(minutes=2)

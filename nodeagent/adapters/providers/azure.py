@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from nodeagent.events import EventId, Kind, Notice
-from nodeagent.providers.base import (
+from nodeagent.adapters.providers.base import (
     BadBody,
     Clock,
     Http,
@@ -28,9 +27,10 @@ from nodeagent.providers.base import (
     report,
     wall_clock,
 )
-from nodeagent.providers.common import http_date_field, json_body, plain_body, unexpected
+from nodeagent.adapters.providers.common import http_date_field, json_body, plain_body, unexpected
+from nodeagent.core.events import EventId, Kind, Notice
 
-log = structlog.get_logger("nodeagent.providers.azure")
+log = structlog.get_logger("nodeagent.adapters.providers.azure")
 
 DEFAULT_URL = "http://169.254.169.254"
 PATH = "/metadata/scheduledevents"

@@ -19,9 +19,9 @@ import aiohttp
 import structlog
 from multidict import CIMultiDict
 
-from nodeagent.events import Notice
+from nodeagent.core.events import Notice
 
-log = structlog.get_logger("nodeagent.providers")
+log = structlog.get_logger("nodeagent.adapters.providers")
 
 Clock = Callable[[], datetime]
 
@@ -128,7 +128,7 @@ class Response:
 
 
 #: Told of each answer: sent and received on the local clock (seconds since the epoch) and the
-#: answer's ``Date`` header (see :mod:`nodeagent.clock`).
+#: answer's ``Date`` header (see :mod:`nodeagent.wiring.clock`).
 DateProbe = Callable[[float, float, str | None], None]
 
 

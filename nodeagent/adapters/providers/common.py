@@ -13,8 +13,8 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from contracts.times import in_range
-from nodeagent.events import parse_rfc3339
-from nodeagent.providers.base import BadBody, BadStatus, Http, Response, Unreachable
+from nodeagent.adapters.providers.base import BadBody, BadStatus, Http, Response, Unreachable
+from nodeagent.core.events import parse_rfc3339
 
 
 def digest(*parts: str) -> str:

@@ -20,8 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from nodeagent.events import EventId, Kind, Notice
-from nodeagent.providers.base import (
+from nodeagent.adapters.providers.base import (
     BadBody,
     Clock,
     Http,
@@ -31,7 +30,8 @@ from nodeagent.providers.base import (
     report,
     wall_clock,
 )
-from nodeagent.providers.common import plain_body, unexpected
+from nodeagent.adapters.providers.common import plain_body, unexpected
+from nodeagent.core.events import EventId, Kind, Notice
 
 PATH = "/computeMetadata/v1"
 DEFAULT_URL = "http://metadata.google.internal" + PATH

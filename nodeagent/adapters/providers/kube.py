@@ -5,7 +5,7 @@ consolidating, a platform's own termination handler) mark it with a taint. Each 
 key present on the node is a notice (id ``kube-taint-<key>``) with a deadline ``lead`` after it
 was first seen; the taint's removal withdraws it. The agent's own ``shoal.dev/revoking`` taint
 is never one of them. The node is watched, not polled (its own Node, by field selector, through
-:class:`nodeagent.follow.Mirror`: list, watch, list again on ``410 Gone``, resume a broken
+:class:`nodeagent.adapters.follow.Mirror`: list, watch, list again on ``410 Gone``, resume a broken
 watch), so an idle agent costs the API server one request every few minutes.
 
 Platforms that warn the pod rather than the VM do it with an Event of a known reason
@@ -14,7 +14,7 @@ Platforms that warn the pod rather than the VM do it with an Event of a known re
 
 A watched signal is reported to the sink as soon as it changes, and again every ``interval``
 while its watches are open (no request: what was watched is still current), so the channel's
-read health (:mod:`nodeagent.channels`) says whether the watch is working; while a watch is
+read health (:mod:`nodeagent.wiring.channels`) says whether the watch is working; while a watch is
 broken its error is reported instead.
 """
 
@@ -27,10 +27,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Final, TypeVar
 
-from nodeagent.calls import Feed
-from nodeagent.events import EventId, Kind, NodeTaints, Notice, Pod, PodEvent, PodUid
-from nodeagent.follow import Mirror, WatchSettings
-from nodeagent.providers.base import (
+from nodeagent.adapters.calls import Feed
+from nodeagent.adapters.follow import Mirror, WatchSettings
+from nodeagent.adapters.providers.base import (
     Clock,
     HttpSettings,
     Sink,
@@ -39,6 +38,7 @@ from nodeagent.providers.base import (
     report,
     wall_clock,
 )
+from nodeagent.core.events import EventId, Kind, NodeTaints, Notice, Pod, PodEvent, PodUid
 
 DEFAULT_TAINTS: Final = (
     "ToBeDeletedByClusterAutoscaler",
@@ -81,7 +81,7 @@ async def _follow_reporting(
 
 @dataclass(slots=True)
 class KubeTaintProvider:
-    #: This node's taints, listed then watched (see :meth:`nodeagent.k8s.Cluster.node_feed`).
+    #: This node's taints, listed then watched (see :meth:`nodeagent.adapters.k8s.Cluster.node_feed`).
     feed: Feed[NodeTaints]
     keys: frozenset[str] = frozenset(DEFAULT_TAINTS)
     lead: timedelta = timedelta(minutes=2)
@@ -145,7 +145,7 @@ class KubeEventProvider:
     the agent is built) keeps those about this node's pods; a pod that arrives later is matched
     at the next report."""
 
-    #: One feed per reason (see :meth:`nodeagent.k8s.Cluster.event_feed`).
+    #: One feed per reason (see :meth:`nodeagent.adapters.k8s.Cluster.event_feed`).
     feeds: Sequence[Feed[PodEvent]]
     lead: timedelta = timedelta(minutes=5)
     interval: float = 2.0

@@ -12,9 +12,8 @@ from typing import Final
 
 import structlog
 
-from nodeagent.events import Notice
-from nodeagent.providers import alibaba, aws, azure, gcp
-from nodeagent.providers.base import (
+from nodeagent.adapters.providers import alibaba, aws, azure, gcp
+from nodeagent.adapters.providers.base import (
     Clock,
     DateProbe,
     Http,
@@ -24,8 +23,9 @@ from nodeagent.providers.base import (
     Sink,
     wall_clock,
 )
+from nodeagent.core.events import Notice
 
-log = structlog.get_logger("nodeagent.providers")
+log = structlog.get_logger("nodeagent.adapters.providers")
 
 NAMES: Final = ("aws", "gcp", "azure", "alibaba", "auto", "none")
 #: DMI ``sys_vendor`` / ``board_vendor`` values of each cloud's VMs.
@@ -70,7 +70,7 @@ def build(
 ) -> Provider:
     """The provider called ``name`` (not ``auto``). ``metadata_url`` is the server's root
     (``http://host:port``), for every cloud alike. ``clock`` is what deadlines are taken by
-    (the corrected clock, :mod:`nodeagent.clock`); ``on_date`` is told of each answer's
+    (the corrected clock, :mod:`nodeagent.wiring.clock`); ``on_date`` is told of each answer's
     ``Date`` header, measured on the ``local`` clock."""
 
     def settings(default: str, suffix: str = "") -> HttpSettings:

@@ -18,7 +18,6 @@ import pytest
 import yaml
 from aiohttp import web
 from kubernetes import client
-from nodeagent.events import parse_rfc3339
 from shoal_worker import NoticeRefused, PodIdentity
 
 from contracts import gputopology, names
@@ -26,6 +25,7 @@ from devcluster import nodes
 from fakes import metadata
 from fakes import nvml as fake_nvml
 from fakes.podresources import FakePodResources
+from nodeagent.core.events import parse_rfc3339
 from tests.integration.conftest import Devcluster, account_kubeconfig
 from tests.integration.nodeagent.harness import (
     CLOUDS,

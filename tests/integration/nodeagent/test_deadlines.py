@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from fakes import metadata
-from nodeagent.clock import TEST_OFFSET_ENV
-from nodeagent.events import parse_rfc3339
+from nodeagent.core.events import parse_rfc3339
+from nodeagent.wiring.clock import TEST_OFFSET_ENV
 from tests import figures
 from tests.integration.conftest import Devcluster
 from tests.integration.nodeagent.harness import disruption_target, events, eventually
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.reliability
 
 SECTION = "agent deadlines"
 MARGIN = 15
-#: The injected error of the agent's clock (the test hook, see nodeagent/clock.py).
+#: The injected error of the agent's clock (the test hook, see nodeagent/wiring/clock.py).
 SKEW = 90.0
 
 

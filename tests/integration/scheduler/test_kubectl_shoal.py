@@ -19,8 +19,8 @@ import yaml
 from kubernetes import client
 
 from contracts import names
-from nodeagent.events import EventId, Kind, Notice, Tracked
-from nodeagent.k8s.cluster import encode_revocation
+from nodeagent.adapters.k8s.cluster import encode_revocation
+from nodeagent.core.events import EventId, Kind, Notice, Tracked
 from tests.integration.conftest import Devcluster, account_kubeconfig
 from tests.integration.scheduler.conftest import (
     KWOK_TOLERATION,

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client, watch
-from nodeagent.events import parse_rfc3339
 from shoal_worker import PodIdentity
 
 from contracts import names
+from nodeagent.core.events import parse_rfc3339
 from tests import figures
 from tests.integration.nodeagent.harness import AgentProcess, Worker
 from tests.integration.scheduler.conftest import Pods, Pool, SchedulerProcess, ensure_priority_class

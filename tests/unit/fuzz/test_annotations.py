@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from contracts import gputopology, names
 from contracts.times import EARLIEST, LATEST
-from nodeagent.events import EventId, Kind, Notice, Tracked, parse_rfc3339
-from nodeagent.k8s import decode_revocation, encode_revocation
-from nodeagent.k8s.cluster import _pod
-from nodeagent.store import Store
+from nodeagent.adapters.k8s import decode_revocation, encode_revocation
+from nodeagent.adapters.k8s.cluster import _pod
+from nodeagent.core.events import EventId, Kind, Notice, Tracked, parse_rfc3339
+from nodeagent.core.store import Store
 from scheduler.gang import build_gangs
 from scheduler.gang.kinds.scheduler_plugins import SchedulerPlugins
 from tests.unit.fuzz.cases import Cases, json_values, mutate, said, search, times

@@ -15,7 +15,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nodeagent import cli
+from nodeagent.wiring import cli
 from scheduler.settings import OPTIONS, SettingsError, resolve
 from tests.unit.fuzz.cases import Cases, search
 

@@ -15,14 +15,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contracts.times import EARLIEST, LATEST
-from nodeagent.events import Notice
-from nodeagent.providers import ProviderError
-from nodeagent.providers.alibaba import AlibabaProvider
-from nodeagent.providers.aws import AwsProvider
-from nodeagent.providers.azure import AzureProvider
-from nodeagent.providers.base import Response
-from nodeagent.providers.gcp import GcpProvider
-from nodeagent.store import Store
+from nodeagent.adapters.providers import ProviderError
+from nodeagent.adapters.providers.alibaba import AlibabaProvider
+from nodeagent.adapters.providers.aws import AwsProvider
+from nodeagent.adapters.providers.azure import AzureProvider
+from nodeagent.adapters.providers.base import Response
+from nodeagent.adapters.providers.gcp import GcpProvider
+from nodeagent.core.events import Notice
+from nodeagent.core.store import Store
 from tests.unit.fuzz.cases import Cases, json_values, mutate, said, search, times
 
 pytestmark = pytest.mark.reliability

@@ -13,12 +13,13 @@ import sys
 
 import structlog
 
-from nodeagent import cli, health, podresources
-from nodeagent.agent import Agent
-from nodeagent.gpu.monitor import GpuOptions
+from nodeagent import podresources
+from nodeagent.adapters.gpu.monitor import GpuOptions
+from nodeagent.adapters.providers import HttpSettings
+from nodeagent.adapters.providers.aws import AwsProvider
 from nodeagent.notify.server import serve
-from nodeagent.providers import HttpSettings
-from nodeagent.providers.aws import AwsProvider
+from nodeagent.wiring import cli, health
+from nodeagent.wiring.agent import Agent
 from tests.unit.nodeagent.notice_socket import Cluster
 
 

@@ -26,9 +26,9 @@ import grpc
 from shoal_worker.protocol import notices_pb2 as pb
 from shoal_worker.protocol import rpc
 
-from nodeagent.agent import Agent
-from nodeagent.events import EventId, Kind, Notice, Pod, PodKey, PodUid, Tracked
+from nodeagent.core.events import EventId, Kind, Notice, Pod, PodKey, PodUid, Tracked
 from nodeagent.notify.server import SocketLimits, serve
+from nodeagent.wiring.agent import Agent
 
 T = TypeVar("T")
 

@@ -1,4 +1,4 @@
-"""A scripted stand-in for a list-then-watch feed (:class:`nodeagent.calls.Feed`): lists answer
+"""A scripted stand-in for a list-then-watch feed (:class:`nodeagent.adapters.calls.Feed`): lists answer
 what the test put in ``listed``; each watch plays the steps the test queues until one ends it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-from nodeagent.calls import Change
+from nodeagent.adapters.calls import Change
 
 T = TypeVar("T")
 

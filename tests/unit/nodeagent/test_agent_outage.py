@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import pytest
-from nodeagent.agent import Agent, AgentSettings
-from nodeagent.events import Notice, Pod, PodKey, PodUid, Tracked
-from nodeagent.podcache import PodCache
 from shoal_worker import LeaveNotice, NoticeClient, NoticeRefused, PodIdentity
 
+from nodeagent.adapters.podcache import PodCache
+from nodeagent.core.events import Notice, Pod, PodKey, PodUid, Tracked
 from nodeagent.notify.server import serve
+from nodeagent.wiring.agent import Agent, AgentSettings
 from tests import waiting
 from tests.unit.nodeagent.notice_socket import CHANNEL, PODS, notice
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nodeagent import cli
+from nodeagent.wiring import cli
 
 
 def test_environment_fills_in_and_flags_win(monkeypatch: pytest.MonkeyPatch) -> None:

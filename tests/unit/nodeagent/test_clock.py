@@ -8,7 +8,11 @@ from email.utils import format_datetime
 
 import pytest
 
-from nodeagent.clock import (
+from nodeagent.adapters.k8s.cluster import Cluster
+from nodeagent.adapters.k8s.transport import Answer
+from nodeagent.core.events import EvictPod
+from nodeagent.core.store import Store
+from nodeagent.wiring.clock import (
     APISERVER,
     METADATA,
     ClockCheck,
@@ -21,10 +25,6 @@ from nodeagent.clock import (
     skew_message,
     warning_due,
 )
-from nodeagent.events import EvictPod
-from nodeagent.k8s.cluster import Cluster
-from nodeagent.k8s.transport import Answer
-from nodeagent.store import Store
 from tests.unit.nodeagent.test_store import notice, pod, run
 
 pytestmark = pytest.mark.reliability

@@ -12,11 +12,11 @@ import aiohttp
 import pytest
 
 from fakes.metadata import AwsMetadata
-from nodeagent import health
-from nodeagent.agent import Agent
-from nodeagent.events import Notice, Pod, Tracked
-from nodeagent.providers import HttpSettings
-from nodeagent.providers.aws import AwsProvider
+from nodeagent.adapters.providers import HttpSettings
+from nodeagent.adapters.providers.aws import AwsProvider
+from nodeagent.core.events import Notice, Pod, Tracked
+from nodeagent.wiring import health
+from nodeagent.wiring.agent import Agent
 from tests import figures
 
 pytestmark = pytest.mark.reliability

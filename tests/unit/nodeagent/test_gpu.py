@@ -14,12 +14,12 @@ import pytest
 
 from contracts import gputopology
 from fakes import nvml as fake_nvml
-from nodeagent.gpu.xid import GpuHealth, XidPolicy
+from nodeagent.adapters.gpu.xid import GpuHealth, XidPolicy
 
 READ = """
 import json, os, sys
 from contracts import gputopology
-from nodeagent.gpu import nvml
+from nodeagent.adapters.gpu import nvml
 try:
     nvml.init()
 except nvml.NvmlUnavailable as exc:
@@ -127,8 +127,8 @@ async def test_nvml_failing_while_the_xid_watch_is_set_up_is_an_error_state_not_
     import pynvml
 
     from contracts.gputopology import GpuTopology
-    from nodeagent.gpu import monitor as gpu_monitor
-    from nodeagent.gpu import nvml
+    from nodeagent.adapters.gpu import monitor as gpu_monitor
+    from nodeagent.adapters.gpu import nvml
 
     lost = {"now": True}
     starts: list[int] = []

@@ -8,16 +8,16 @@ from datetime import UTC, datetime
 import pytest
 
 from contracts import names
-from nodeagent.calls import WatchExpired
-from nodeagent.events import EventId, Kind, Notice, Tracked
-from nodeagent.k8s import (
+from nodeagent.adapters.calls import WatchExpired
+from nodeagent.adapters.k8s import (
     ApiError,
     ConditionRule,
     decode_revocation,
     encode_revocation,
     matching_condition,
 )
-from nodeagent.k8s.cluster import pod_change
+from nodeagent.adapters.k8s.cluster import pod_change
+from nodeagent.core.events import EventId, Kind, Notice, Tracked
 
 T0 = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from nodeagent.events import DeletePod, EvictPod, Late, NotifyPod, PodKey
-from nodeagent.executor import LATE_NOTICE_REASON
-from nodeagent.store import Settings, Store
+from nodeagent.core.events import DeletePod, EvictPod, Late, NotifyPod, PodKey
+from nodeagent.core.store import Settings, Store
+from nodeagent.wiring.executor import LATE_NOTICE_REASON
 from tests.unit.nodeagent.notice_socket import PODS, SocketAgent
 from tests.unit.nodeagent.notice_socket import notice as spot
 from tests.unit.nodeagent.test_store import T0, at, notice, pod, run

@@ -1,7 +1,7 @@
 """The pods room follows the node's pods through a feed: list, then watch from the list's
 version; a watch that ends or breaks resumes from its newest version, a ``410 Gone`` lists again;
 each change reaches the store at once, and the scheduler's reclaims on the pods reach the intake.
-The feed here is a scripted stand-in for the port (:class:`nodeagent.calls.Feed`)."""
+The feed here is a scripted stand-in for the port (:class:`nodeagent.adapters.calls.Feed`)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import asyncio
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from nodeagent.calls import ApiCalls, Change, WatchExpired
-from nodeagent.events import Notice, Pod, PodKey, PodUid, Tracked
-from nodeagent.follow import WatchSettings
-from nodeagent.pods import PodList
-from nodeagent.store import Store
+from nodeagent.adapters.calls import ApiCalls, Change, WatchExpired
+from nodeagent.adapters.follow import WatchSettings
+from nodeagent.core.events import Notice, Pod, PodKey, PodUid, Tracked
+from nodeagent.core.store import Store
+from nodeagent.wiring.pods import PodList
 from tests.unit.nodeagent.scripted_feed import Scripted, until
 
 LEAVE_BY = datetime(2026, 11, 30, 10, 2, tzinfo=UTC)

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from nodeagent.events import Pod, PodKey, PodUid
-from nodeagent.podcache import MAX_BYTES, MAX_PODS, CacheError, PodCache, decode, encode
+from nodeagent.adapters.podcache import MAX_BYTES, MAX_PODS, CacheError, PodCache, decode, encode
+from nodeagent.core.events import Pod, PodKey, PodUid
 
 NODE = "gpu-node-3"
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

@@ -16,16 +16,16 @@ from fakes.metadata import (
     AzureMetadata,
     GcpMetadata,
 )
-from nodeagent.events import Kind, Notice
-from nodeagent.providers import HttpSettings, ProviderError
-from nodeagent.providers.alibaba import AlibabaProvider
-from nodeagent.providers.aws import AwsProvider
-from nodeagent.providers.azure import AzureProvider
-from nodeagent.providers.base import BadBody, Http
-from nodeagent.providers.common import SessionToken
-from nodeagent.providers.gcp import GcpProvider
-from nodeagent.store import Settings as StoreSettings
-from nodeagent.store import Store
+from nodeagent.adapters.providers import HttpSettings, ProviderError
+from nodeagent.adapters.providers.alibaba import AlibabaProvider
+from nodeagent.adapters.providers.aws import AwsProvider
+from nodeagent.adapters.providers.azure import AzureProvider
+from nodeagent.adapters.providers.base import BadBody, Http
+from nodeagent.adapters.providers.common import SessionToken
+from nodeagent.adapters.providers.gcp import GcpProvider
+from nodeagent.core.events import Kind, Notice
+from nodeagent.core.store import Settings as StoreSettings
+from nodeagent.core.store import Store
 
 NOW = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
 

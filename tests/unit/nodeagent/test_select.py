@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from fakes import metadata
-from nodeagent.providers import select
+from nodeagent.adapters.providers import select
 
 
 @pytest.mark.parametrize(

@@ -10,10 +10,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from nodeagent.executor import SHORT_NOTICE_REASON
 from shoal_worker.watcher import LeaveNotice, short_notice
 from structlog.testing import capture_logs
 
+from nodeagent.wiring.executor import SHORT_NOTICE_REASON
 from tests.unit.nodeagent.notice_socket import PODS, SocketAgent, notice
 
 

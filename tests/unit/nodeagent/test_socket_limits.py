@@ -21,11 +21,11 @@ from typing import Any
 
 import grpc
 import pytest
-from nodeagent.events import PodUid
 from shoal_worker import AgentBusy, NoticeClient, PodIdentity
 from shoal_worker.protocol import notices_pb2 as pb
 
 from devcluster.process import status_kib
+from nodeagent.core.events import PodUid
 from nodeagent.notify.server import NoticeService, SocketLimits
 from tests import figures
 from tests.unit.nodeagent.notice_socket import PODS, SocketAgent, identity

@@ -14,13 +14,13 @@ from typing import Any
 
 import grpc
 import pytest
-from nodeagent.agent import Agent
 from shoal_worker.protocol import notices_pb2 as pb
 from shoal_worker.protocol import rpc
 from structlog.testing import capture_logs
 
 from nodeagent.notify.server import NoticeServer, serve
 from nodeagent.notify.socketfile import Change, FileId, Folder, change, listening
+from nodeagent.wiring.agent import Agent
 from tests.unit.nodeagent.notice_socket import PODS, SocketAgent, identity, notice
 
 pytestmark = pytest.mark.reliability

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodeagent.events import (
+from nodeagent.core.events import (
     AckUpstream,
     Action,
     DeletePod,
@@ -23,7 +23,14 @@ from nodeagent.events import (
     Tracked,
     WithdrawPod,
 )
-from nodeagent.store import AckOutcome, Settings, ShortNotice, Store, reclaim_notice, short_notice
+from nodeagent.core.store import (
+    AckOutcome,
+    Settings,
+    ShortNotice,
+    Store,
+    reclaim_notice,
+    short_notice,
+)
 
 T0 = datetime(2026, 11, 30, 10, 0, 0, tzinfo=UTC)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nodeagent.k8s.transport import (
+from nodeagent.adapters.k8s.transport import (
     ClientTransport,
     DirectTransport,
     KubeconfigError,

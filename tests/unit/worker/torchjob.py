@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from torch._C._distributed_c10d import TCPStore
 
-from nodeagent.events import Pod, PodKey, PodUid
+from nodeagent.core.events import Pod, PodKey, PodUid
 from tests.unit.nodeagent.notice_socket import Cluster, SocketAgent
 
 ROOT = Path(__file__).resolve().parents[3]
