@@ -401,6 +401,7 @@ def _prepare_real_nodes(run_dir: Path, options: Options, say: Say) -> Prepared:
         raise StartError(f"this machine cannot run {options.real_nodes} real nodes: {reason}")
     binaries = realnode.ensure(say=say)
     network = realnode.network_for(run_dir)
+    realnode.clear_node_state(say=say)
     before = realnode.existing_fixed_paths()
     realnode.delete_bridge(network)  # one a killed run left
     realnode.create_bridge(network)

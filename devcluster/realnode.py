@@ -66,16 +66,20 @@ PACKAGES: Final = ("containerd", "runc", "containernetworking-plugins")
 PAUSE_IMAGE: Final = "localhost/shoal-pause:1"
 SERVICE_IP: Final = "10.96.0.1"
 METADATA_IP: Final = "169.254.169.254"
-#: Host paths a kubelet or containerd writes whatever its configuration says, and the host
-#: folders the project's chart mounts; ``teardown`` removes each that did not exist before.
+#: The host folders the project's chart gives its agent (the notice socket, the pod file): the
+#: disk of a node, which on this machine every real node shares. A node starts with none of them
+#: (``clear_node_state`` at ``up``) and ``teardown`` removes them whether or not they existed
+#: before, so no cluster's agent starts from another cluster's pod file or socket.
+NODE_STATE_PATHS: Final = ("/run/shoal", "/var/lib/shoal-agent")
+#: Host paths a kubelet or containerd writes whatever its configuration says, and the node
+#: state folders; ``teardown`` removes each that did not exist before (and the node state).
 FIXED_HOST_PATHS: Final = (
     "/var/lib/kubelet",
     "/var/log/containers",
     "/var/log/pods",
     "/run/containerd",
     "/var/lib/cni",
-    "/run/shoal",
-    "/var/lib/shoal-agent",
+    *NODE_STATE_PATHS,
 )
 _MNT_DETACH = 2
 
@@ -763,6 +767,14 @@ def _wait_for(what: str, check: Callable[[], bool], timeout: float, proc: Proc) 
 
 def existing_fixed_paths() -> set[str]:
     return {p for p in FIXED_HOST_PATHS if os.path.lexists(p)}
+
+
+def clear_node_state(*, say: Say = _say) -> None:
+    """Remove the node state folders an earlier cluster left (one killed before ``down``)."""
+    for path in NODE_STATE_PATHS:
+        if os.path.lexists(path):
+            shutil.rmtree(path, ignore_errors=True)
+            say(f"devcluster: removed {path}, left by an earlier real node")
 
 
 # --------------------------------------------------------------------------------------------

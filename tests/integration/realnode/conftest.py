@@ -46,8 +46,11 @@ def options(**extra: object) -> cluster.Options:
     )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def real_cluster(tmp_path_factory: pytest.TempPathFactory, bin_dir: Path) -> Iterator[Devcluster]:
+    """One per module: a machine holds one kubelet at a time (/var/lib/kubelet), so each
+    module's cluster is down before the next module's tests, and a test that starts a cluster
+    of its own never runs beside another."""
     reason = skip_reason()
     if reason:
         pytest.skip(reason)

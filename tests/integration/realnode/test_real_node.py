@@ -105,20 +105,30 @@ def _snapshot(run_dir: Path) -> dict[str, set[str]]:
         "netns": {n for n in netns if tag in n},
         "links": {link for link in links if tag in link or link.startswith("cni0")},
         "cgroups": cgroups,
-        "paths": realnode.existing_fixed_paths() | set(map(str, Path("/run").glob(f"shn{tag}*"))),
+        "paths": (realnode.existing_fixed_paths() - set(realnode.NODE_STATE_PATHS))
+        | set(map(str, Path("/run").glob(f"shn{tag}*"))),
         "processes": processes,
     }
 
 
+@pytest.mark.reliability
 def test_down_leaves_nothing_of_a_real_node_behind(bin_dir: Path, tmp_path: Path) -> None:
     """First in this folder, before the shared real cluster starts: a machine holds one kubelet
-    at /var/lib/kubelet."""
+    at /var/lib/kubelet.
+
+    The agent's host folders are the node's disk: a cluster starts without the ones an earlier
+    cluster left (once, its agent started from that cluster's pod file, with pods of the same
+    node name) and leaves none behind."""
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
     run_dir = tmp_path / "cluster"
+    stale = Path("/var/lib/shoal-agent/pods.json")
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_text('{"node": "real-0", "pods": [], "version": 1}')
     before = _snapshot(run_dir)
     handle = cluster.up(run_dir, bin_dir, options())
+    assert not stale.exists(), "a new cluster's node kept an earlier cluster's pod file"
     try:
         host_dir = tmp_path / "host"
         host_dir.mkdir(mode=0o777)
@@ -137,6 +147,7 @@ def test_down_leaves_nothing_of_a_real_node_behind(bin_dir: Path, tmp_path: Path
     assert stubborn == []
     after = _snapshot(run_dir)
     assert after == before
+    assert not [p for p in realnode.NODE_STATE_PATHS if os.path.lexists(p)]
     assert not any(Path(m).exists() for m in during["mounts"] if str(run_dir) in m)
     assert os.path.exists(run_dir / "logs")
 
