@@ -23,7 +23,8 @@ T = TypeVar("T")
 
 
 class ClusterPort(Protocol):
-    """The Kubernetes calls the agent makes (see :class:`nodeagent.adapters.k8s.Cluster`); blocking."""
+    """The Kubernetes calls the agent makes (see :class:`nodeagent.adapters.k8s.Cluster`);
+    blocking."""
 
     last_ok: float
     dry_run: bool

@@ -1,4 +1,5 @@
-"""``python -m nodeagent.client.discover``: Horovod host discovery (see nodeagent.adapters.k8s.discover)."""
+"""``python -m nodeagent.client.discover``: Horovod host discovery (see
+nodeagent.adapters.k8s.discover)."""
 
 import sys
 

@@ -1,4 +1,6 @@
-"""The Notices service on a unix socket, over what the agent knows (a :class:`Board`).
+"""The Notices service on a unix socket, over what the agent knows (a
+:class:`~nodeagent.core.ports.Board`), and the open watches the agent publishes to
+(:class:`Watches`).
 
 Who is calling: the request names the pod (namespace, name) and its uid, which the pod gets from
 the Downward API. The agent only answers a pod bound to *this* node under *that* uid, so a
@@ -29,7 +31,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, TypeVar
 
 import grpc
 import structlog
@@ -39,6 +41,7 @@ from shoal_worker.protocol import rpc
 
 from nodeagent.adapters.metrics import Metrics
 from nodeagent.core.events import Notice, PodKey, PodUid, rfc3339
+from nodeagent.core.ports import Board
 from nodeagent.core.store import AckOutcome
 from nodeagent.notify.socketfile import Change, FileId, Folder, can_bind, change, clear, listening
 
@@ -81,22 +84,6 @@ MAX_REQUEST_BYTES: Final = 16 * 1024
 OTHER_CALLS: Final = 64
 #: Seconds between hand-backs of freed memory after calls.
 TRIM_EVERY: Final = 2.0
-
-
-class Board(Protocol):
-    """What the service needs from the agent."""
-
-    async def identify(self, key: PodKey, uid: PodUid) -> bool:
-        """True when the pod is bound to this node with this uid (may refresh the pod list)."""
-
-    def notice_for(self, uid: PodUid) -> Notice | None:
-        """The notice the pod is under, if any."""
-
-    def watching(self, uid: PodUid) -> None:
-        """The pod opened a watch: it is a training worker."""
-
-    async def acknowledge(self, key: PodKey, uid: PodUid, step: int) -> AckOutcome:
-        """The pod's workers checkpointed at ``step``."""
 
 
 def message(notice: Notice | None, *, withdrawn: bool = False) -> pb.Notice:
@@ -191,25 +178,35 @@ class Calls:
         return 0.0 if self.open else now - self.quiet_since
 
 
-class NoticeService(rpc.NoticesServicer):  # type: ignore[misc]
-    def __init__(self, board: Board, limits: SocketLimits | None = None) -> None:
-        self._board = board
-        self.limits = limits or SocketLimits()
-        self._watchers: dict[PodUid, set[asyncio.Queue[pb.Notice]]] = {}
-        #: Watches admitted (counted from before the caller is identified, so that a burst of
-        #: calls cannot all pass the cap while waiting for the pod list).
-        self._open = 0
-        self.refused = 0
-        self.dropped = 0
-        #: When the last call came (monotonic); memory is handed back for a while after it.
-        self._called_at: float | None = None
+class Watches:
+    """The open watches of each pod: the service opens and closes them, the notice board
+    publishes to them (it sees them as :class:`nodeagent.core.ports.NoticeWatches`)."""
+
+    def __init__(self) -> None:
+        self._queues: dict[PodUid, set[asyncio.Queue[pb.Notice]]] = {}
 
     def watchers(self) -> int:
-        return sum(len(queues) for queues in self._watchers.values())
+        return sum(len(queues) for queues in self._queues.values())
 
-    def publish(self, uid: PodUid, update: pb.Notice) -> int:
+    def of(self, uid: PodUid) -> int:
+        """How many watches the pod has open."""
+        return len(self._queues.get(uid, ()))
+
+    def opened(self, uid: PodUid, queue: asyncio.Queue[pb.Notice]) -> None:
+        self._queues.setdefault(uid, set()).add(queue)
+
+    def closed(self, uid: PodUid, queue: asyncio.Queue[pb.Notice]) -> None:
+        queues = self._queues.get(uid, set())
+        queues.discard(queue)
+        if not queues:
+            self._queues.pop(uid, None)
+
+    def publish(self, uid: PodUid, notice: Notice | None, *, withdrawn: bool = False) -> int:
+        return self.send(uid, message(notice, withdrawn=withdrawn))
+
+    def send(self, uid: PodUid, update: pb.Notice) -> int:
         """Send ``update`` to every open watch of the pod; returns how many received it."""
-        queues = self._watchers.get(uid, set())
+        queues = self._queues.get(uid, set())
         for queue in queues:
             try:
                 queue.put_nowait(update)
@@ -220,6 +217,32 @@ class NoticeService(rpc.NoticesServicer):  # type: ignore[misc]
                     queue.get_nowait()
                 queue.put_nowait(_BEHIND)
         return len(queues)
+
+
+class NoticeService(rpc.NoticesServicer):  # type: ignore[misc]
+    """The service over ``board``; its watches are ``watches`` (the board publishes to the same
+    :class:`Watches`, created by the wiring)."""
+
+    def __init__(
+        self, board: Board, limits: SocketLimits | None = None, watches: Watches | None = None
+    ) -> None:
+        self._board = board
+        self.limits = limits or SocketLimits()
+        self.watches = watches or Watches()
+        #: Watches admitted (counted from before the caller is identified, so that a burst of
+        #: calls cannot all pass the cap while waiting for the pod list).
+        self._open = 0
+        self.refused = 0
+        self.dropped = 0
+        #: When the last call came (monotonic); memory is handed back for a while after it.
+        self._called_at: float | None = None
+
+    def watchers(self) -> int:
+        return self.watches.watchers()
+
+    def publish(self, uid: PodUid, update: pb.Notice) -> int:
+        """Send ``update`` to every open watch of the pod; returns how many received it."""
+        return self.watches.send(uid, update)
 
     async def _refuse(self, context: Any, detail: str) -> None:
         self.refused += 1
@@ -262,8 +285,7 @@ class NoticeService(rpc.NoticesServicer):  # type: ignore[misc]
             if not await self._board.identify(key, uid):
                 await context.abort(grpc.StatusCode.NOT_FOUND, f"{key} ({uid}) is not on this node")
                 return
-            mine = self._watchers.get(uid, set())
-            if len(mine) >= limits.watches_per_pod:
+            if self.watches.of(uid) >= limits.watches_per_pod:
                 await self._refuse(
                     context,
                     f"{key} has {limits.watches_per_pod} watches open, the limit per pod "
@@ -271,7 +293,7 @@ class NoticeService(rpc.NoticesServicer):  # type: ignore[misc]
                 )
                 return
             self._board.watching(uid)
-            self._watchers.setdefault(uid, set()).add(queue)
+            self.watches.opened(uid, queue)
             log.info("worker_watching", pod=key)
             yield message(self._board.notice_for(uid))
             while True:
@@ -287,10 +309,7 @@ class NoticeService(rpc.NoticesServicer):  # type: ignore[misc]
                     return
                 yield update
         finally:
-            watchers = self._watchers.get(uid, set())
-            watchers.discard(queue)
-            if not watchers:
-                self._watchers.pop(uid, None)
+            self.watches.closed(uid, queue)
             self._open -= 1
             self._called()
 

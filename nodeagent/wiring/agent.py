@@ -4,12 +4,13 @@ Each piece of state has one room (one job each):
 
 - :class:`~nodeagent.wiring.intake.Intake`: what the providers report, into the store; with each
   channel's read health (:class:`~nodeagent.wiring.channels.Channels`);
-- :class:`~nodeagent.wiring.pods.PodList`: this node's pods (listed, then watched), the pod file, the
-  state restored at start, and the scheduler's reclaims written on them (into the intake);
-- :class:`~nodeagent.wiring.board.NoticeBoard`: what the workers see over the notice socket (the gRPC
-  service calls it; the reconcile loop tells through it);
-- :class:`~nodeagent.wiring.executor.Executor`: the store's actions carried out through the API, off the
-  event loop (:class:`~nodeagent.adapters.calls.ApiCalls`), one at a time per node or pod;
+- :class:`~nodeagent.wiring.pods.PodList`: this node's pods (listed, then watched), the pod file,
+  the state restored at start, and the scheduler's reclaims written on them (into the intake);
+- :class:`~nodeagent.wiring.board.NoticeBoard`: what the workers see over the notice socket (the
+  gRPC service, :attr:`Agent.service`, calls it; the reconcile loop tells through it, to the
+  open watches the service keeps; the agent creates all three);
+- :class:`~nodeagent.wiring.executor.Executor`: the store's actions carried out through the API,
+  off the event loop (:class:`~nodeagent.adapters.calls.ApiCalls`), one at a time per node or pod;
 - :class:`~nodeagent.wiring.drain.DrainWatch`: when the node has drained;
 - :class:`~nodeagent.wiring.reconcile.Reconciler`: the reconcile loop;
 - :class:`~nodeagent.wiring.reports.Reports`: ``/healthz``, ``/readyz`` and ``/status``;
@@ -48,6 +49,7 @@ from nodeagent.adapters.providers import Provider
 from nodeagent.adapters.webhook import Webhook
 from nodeagent.core.events import Pod
 from nodeagent.core.store import Settings, Store
+from nodeagent.notify.server import NoticeService, Watches
 from nodeagent.wiring.board import NoticeBoard
 from nodeagent.wiring.channels import Channels
 from nodeagent.wiring.drain import DrainWatch
@@ -132,14 +134,18 @@ class Agent:
             watch=s.watch,
             reclaims=self.intake.reclaims,
         )
+        watches = Watches()
         self.board = NoticeBoard(
             store,
             self.pods,
             m,
+            watches=watches,
             detected_at=detected_at,
             wake=wake,
             identify_timeout=s.identify_timeout,
         )
+        #: The ``shoal.v1.Notices`` service (serve it with :func:`nodeagent.notify.server.serve`).
+        self.service = NoticeService(self.board, watches=watches)
         self.executor, self.reconciler = self._reconcile(cluster, s, woken, node_name, clock)
         topology = TopologyWriter(cluster, calls)
         self.gpu = None if gpu is None else self._gpu(gpu, topology, clock)

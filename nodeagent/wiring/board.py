@@ -1,8 +1,10 @@
 """The notice board: what the workers see of the agent, over the notice socket.
 
-The gRPC service (:class:`nodeagent.notify.server.NoticeService`, owned by the board) asks it who
-a caller is, which notice the caller's pod is under, and hands it acknowledgements; the reconcile
-loop hands it what to tell. Per pod::
+The gRPC service (:class:`nodeagent.notify.server.NoticeService`) asks it who a caller is, which
+notice the caller's pod is under, and hands it acknowledgements (the board satisfies
+:class:`nodeagent.core.ports.Board`); the reconcile loop hands it what to tell, and it tells the
+workers' open watches (:class:`nodeagent.core.ports.NoticeWatches`). The wiring creates the
+board, the watches and the service; the board never sees the service. Per pod::
 
     not told --tell--> told --withdraw (WITHDRAWN to its watches)--> not told
 
@@ -22,8 +24,8 @@ import structlog
 
 from nodeagent.adapters.metrics import Metrics
 from nodeagent.core.events import EventId, Notice, PodKey, PodUid
+from nodeagent.core.ports import NoticeWatches
 from nodeagent.core.store import AckOutcome, Store
-from nodeagent.notify.server import NoticeService, message
 from nodeagent.wiring.pods import PodList
 
 log = structlog.get_logger("nodeagent")
@@ -33,7 +35,7 @@ RELIST_EVERY = 1.0
 
 
 class NoticeBoard:
-    """Satisfies :class:`nodeagent.notify.server.Board`."""
+    """Satisfies :class:`nodeagent.core.ports.Board`; tells through ``watches``."""
 
     def __init__(
         self,
@@ -41,6 +43,7 @@ class NoticeBoard:
         pods: PodList,
         metrics: Metrics,
         *,
+        watches: NoticeWatches,
         detected_at: Callable[[EventId], float | None],
         wake: Callable[[], None],
         identify_timeout: float = 5.0,
@@ -48,12 +51,12 @@ class NoticeBoard:
         self._store = store
         self._pods = pods
         self._metrics = metrics
+        self._watches = watches
         self._detected_at = detected_at
         self._wake = wake
         self._identify_timeout = identify_timeout
         #: When each pod under notice was first told (monotonic).
         self._told: dict[PodUid, float] = {}
-        self.service = NoticeService(self)
 
     # --- what the gRPC service asks ------------------------------------------------------------
 
@@ -75,7 +78,7 @@ class NoticeBoard:
 
     def watching(self, uid: PodUid) -> None:
         self._store.mark_worker(uid)
-        self._metrics.watchers.set(self.service.watchers() + 1)
+        self._metrics.watchers.set(self._watches.watchers() + 1)
 
     async def acknowledge(self, key: PodKey, uid: PodUid, step: int) -> AckOutcome:
         outcome = self._store.acknowledge(key, uid, step)
@@ -92,7 +95,7 @@ class NoticeBoard:
         """Tell the pod's watches ``notice``, unless they heard exactly this already."""
         if not self._store.heard(uid, notice):
             return  # a watch opened later gets it first thing
-        reached = self.service.publish(uid, message(notice))
+        reached = self._watches.publish(uid, notice)
         now = time.monotonic()
         self._told.setdefault(uid, now)
         detected = self._detected_at(notice.event_id)
@@ -101,8 +104,8 @@ class NoticeBoard:
 
     def withdraw(self, uid: PodUid) -> None:
         """Tell the pod's watches that its notice was withdrawn."""
-        self.service.publish(uid, message(None, withdrawn=True))
+        self._watches.publish(uid, None, withdrawn=True)
         self._told.pop(uid, None)
 
     def watchers(self) -> int:
-        return self.service.watchers()
+        return self._watches.watchers()

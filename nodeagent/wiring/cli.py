@@ -572,7 +572,7 @@ async def run(args: argparse.Namespace) -> int:
     agent = build_agent(args, cluster, cloud, clocks.now)
     skew = clock.SkewWatch(clocks, agent.metrics, cluster.warn_node, threshold=args.clock_skew_warn)
     grpc_server = await serve(
-        agent.board.service, args.socket, socket_limits(args), metrics=agent.metrics
+        agent.service, args.socket, socket_limits(args), metrics=agent.metrics
     )
     host, port = args.listen
     runner, bound = await health.serve(

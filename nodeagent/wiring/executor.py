@@ -1,14 +1,16 @@
 """Carrying out the store's actions through the :class:`~nodeagent.adapters.calls.ClusterPort`.
 
 Each action writes to a target (the node, a pod, a cloud event), one write at a time per target,
-each in the background on the API threads (:class:`~nodeagent.adapters.calls.ApiCalls`): the reconcile
+each in the background on the API threads (:class:`~nodeagent.adapters.calls.ApiCalls`): the
+reconcile
 loop starts what is due and never waits for it. Per target::
 
     idle --start--> in flight --done--> idle
                         |
                         +--failed--> held back for retry_after --> idle
 
-Each result goes to the store (:meth:`nodeagent.core.store.Store.record`; a failed action stays due),
+Each result goes to the store (:meth:`nodeagent.core.store.Store.record`; a failed action stays
+due),
 is counted, and wakes the reconcile loop for what follows (an eviction once a pod is told, say).
 A withdrawal is told to the pod's watches before its annotation is cleared; the cloud is not
 acknowledged on a dry run. A pod the scheduler reclaims (``shoal.dev/reclaimed-for``) keeps the

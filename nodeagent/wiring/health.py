@@ -1,6 +1,7 @@
 """HTTP endpoints (aiohttp, embedded with ``AppRunner``): /healthz, /readyz, /metrics, /status.
 
-What they serve comes from :class:`Endpoints` (the agent's :class:`nodeagent.wiring.reports.Reports`)
+What they serve comes from :class:`Endpoints` (the agent's
+:class:`nodeagent.wiring.reports.Reports`)
 and, for /healthz and /readyz, :class:`NoticeSocket` (whether new workers can connect); this
 module only speaks HTTP and decides who may see pod names.
 """

@@ -1,7 +1,8 @@
 """What the providers report, into the store.
 
 Each provider reports complete observations of its channels, or a failed read (see
-:mod:`nodeagent.adapters.providers`); the GPU monitor reports its fault notices as the channel ``gpu``.
+:mod:`nodeagent.adapters.providers`); the GPU monitor reports its fault notices as the channel
+``gpu``.
 An observation updates the channel's read health (:mod:`nodeagent.wiring.channels`) and goes to the
 store, which deduplicates by event id and notices withdrawals. The scheduler's reclaims come from
 the pods room (:meth:`Intake.reclaims`, the channel ``scheduler/reclaim``), read from this node's

@@ -12,9 +12,11 @@ Whether the state is restored (:attr:`PodList.restored`)::
 Until restored nothing is written, since a write could repeat or undo what the last agent did;
 the restore is retried every ``retry_after`` until the API server answers.
 
-Then, with a pod feed (:class:`~nodeagent.adapters.calls.Feed`, the API server's watch with the field
+Then, with a pod feed (:class:`~nodeagent.adapters.calls.Feed`, the API server's watch with the
+field
 selector ``spec.nodeName``), the pods are followed as client-go's informers do
-(:class:`~nodeagent.adapters.follow.Follower`: watch from the list's version, each change applied as it
+(:class:`~nodeagent.adapters.follow.Follower`: watch from the list's version, each change applied
+as it
 comes, so a scheduler's reclaim reaches the workers within a second of being written; list again
 on ``410 Gone``; resume where a broken watch broke). Without a feed the list is refreshed every
 ``every`` seconds (``every_under_notice`` while a disruptive notice is live).
@@ -22,7 +24,8 @@ on ``410 Gone``; resume where a broken watch broke). Without a feed the list is 
 Callers wanting a list at the same time (a worker naming a pod not listed yet) share one request;
 while a watch follows the pods, such a list only adds the pods it did not know, since it may be
 older than the watch's latest change (and never brings back a pod the watch saw go). Each change
-is kept in the pod file, when there is one (:class:`nodeagent.adapters.podcache.PodCache`), for the next
+is kept in the pod file, when there is one (:class:`nodeagent.adapters.podcache.PodCache`), for the
+next
 agent to start from. Every change also gives the intake the scheduler's reclaims on this node's
 pods (:func:`nodeagent.core.store.reclaim_notice`).
 """

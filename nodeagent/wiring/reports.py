@@ -35,7 +35,8 @@ Document = tuple[bool, dict[str, Any]]
 
 
 class GpuView(Protocol):
-    """What the reports show of the GPU monitor (:class:`nodeagent.adapters.gpu.monitor.GpuMonitor`)."""
+    """What the reports show of the GPU monitor
+    (:class:`nodeagent.adapters.gpu.monitor.GpuMonitor`)."""
 
     state: str
     allocation: str

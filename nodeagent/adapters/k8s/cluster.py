@@ -1,6 +1,7 @@
 """Node and pod reads and writes for one node: taint, annotations, Events, eviction.
 
-Requests are plain REST calls on raw JSON through a :mod:`nodeagent.adapters.k8s.transport`; the JSON is
+Requests are plain REST calls on raw JSON through a :mod:`nodeagent.adapters.k8s.transport`; the
+JSON is
 converted to our own types here. The generated per-resource API classes are not used:
 instantiating ``CoreV1Api`` alone costs about 22 MiB of resident memory (its validators), more
 than everything the agent does with it.
@@ -257,7 +258,8 @@ def pod_event(raw: dict[str, Any]) -> PodEvent:
 @dataclass(slots=True)
 class ListWatch(Generic[T]):
     """The objects at ``path`` under the field selector ``selector``, listed then watched (a
-    :class:`nodeagent.adapters.calls.Feed`): this node's pods, the Node itself, the Events of a reason.
+    :class:`nodeagent.adapters.calls.Feed`): this node's pods, the Node itself, the Events of a
+    reason.
     ``finished`` objects are left out of a list and gone from a watch."""
 
     cluster: Cluster
@@ -279,7 +281,8 @@ class ListWatch(Generic[T]):
         return [self.parse(o) for o in items if not self.finished(o)], version
 
     def watch(self, version: str, timeout: int) -> Iterator[Change[T]]:
-        """Each change after ``version`` (see :class:`nodeagent.adapters.calls.Feed`). The server ends
+        """Each change after ``version`` (see :class:`nodeagent.adapters.calls.Feed`). The server
+        ends
         the watch after ``timeout`` seconds; a read that waits :data:`WATCH_MARGIN` seconds
         longer (a silent, half-open connection) raises."""
         query = {

@@ -81,7 +81,8 @@ async def _follow_reporting(
 
 @dataclass(slots=True)
 class KubeTaintProvider:
-    #: This node's taints, listed then watched (see :meth:`nodeagent.adapters.k8s.Cluster.node_feed`).
+    #: This node's taints, listed then watched (see
+    #: :meth:`nodeagent.adapters.k8s.Cluster.node_feed`).
     feed: Feed[NodeTaints]
     keys: frozenset[str] = frozenset(DEFAULT_TAINTS)
     lead: timedelta = timedelta(minutes=2)

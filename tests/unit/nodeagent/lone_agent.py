@@ -32,7 +32,7 @@ async def main(metadata_url: str, socket_path: str, kubelet_socket: str) -> None
     gpu = GpuOptions(owners=owners, owners_every=0.1, absent_retry=0.2, error_retry=0.2)
     agent = Agent(Cluster(), [provider], node_name="gpu-0", gpu=gpu)
     limits = cli.socket_limits(cli.parser().parse_args(["--node-name", "gpu-0"]))
-    grpc_server = await serve(agent.board.service, socket_path, limits)
+    grpc_server = await serve(agent.service, socket_path, limits)
     runner, port = await health.serve(agent.reports, "127.0.0.1", 0)
     agent.start()
     print(json.dumps({"port": port}), flush=True)

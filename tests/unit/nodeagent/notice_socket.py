@@ -128,7 +128,7 @@ class SocketAgent:
     def start(self) -> None:
         async def start() -> Agent:
             agent = Agent(self.cluster, [], node_name="gpu-0")
-            self._server = await serve(agent.board.service, self.socket_path, self.limits)
+            self._server = await serve(agent.service, self.socket_path, self.limits)
             agent.start()
             return agent
 

@@ -1,4 +1,5 @@
-"""A scripted stand-in for a list-then-watch feed (:class:`nodeagent.adapters.calls.Feed`): lists answer
+"""A scripted stand-in for a list-then-watch feed (:class:`nodeagent.adapters.calls.Feed`): lists
+answer
 what the test put in ``listed``; each watch plays the steps the test queues until one ends it."""
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ class Node:
         settings = AgentSettings(retry_after=0.05, identify_timeout=0.2)
         cache = PodCache(self.tmp / "state" / "pods.json", NODE)
         self.agent = Agent(cluster, [], node_name=NODE, settings=settings, pod_cache=cache)
-        self._server = await serve(self.agent.board.service, self.socket)
+        self._server = await serve(self.agent.service, self.socket)
         self.agent.start()
         return self.agent
 

@@ -2,7 +2,8 @@
 Event of a configured reason about one of this node's pods, or a configured condition on one of
 them, is a notice as soon as a watch sees it, and nothing is lost when the watch breaks (it
 resumes from its version, or lists again on ``410 Gone`` and finds what appeared meanwhile).
-The feeds are scripted stand-ins for the port (:class:`nodeagent.adapters.calls.Feed`); the real ones
+The feeds are scripted stand-ins for the port (:class:`nodeagent.adapters.calls.Feed`); the real
+ones
 are tested against the devcluster's API server (tests/integration/nodeagent/test_agent.py,
 tests/integration/reliability/test_api_server.py)."""
 

@@ -94,7 +94,7 @@ class Node(SocketAgent):
         async def start() -> Agent:
             agent = Agent(self.cluster, [], node_name="gpu-0")
             self._server = await serve(
-                agent.board.service, self.socket_path, metrics=agent.metrics, check_every=3600
+                agent.service, self.socket_path, metrics=agent.metrics, check_every=3600
             )
             agent.start()
             return agent
