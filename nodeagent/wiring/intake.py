@@ -65,7 +65,7 @@ class Intake:
         self._clock = clock
         self._wake = wake
         self._webhook = webhook
-        #: When each notice was first detected (monotonic).
+        #: When each notice the store holds was first detected (monotonic); let go with it.
         self._detected: dict[EventId, float] = {}
 
     def sink(self, provider: Provider) -> Sink:
@@ -96,6 +96,9 @@ class Intake:
         for event_id in before - live.keys():
             self._metrics.withdrawn.inc()
             log.warning("notice_withdrawn", event_id=event_id, channel=channel)
+        # The store owns which notices are live: a detection time goes with its notice.
+        for event_id in self._detected.keys() - live.keys():
+            del self._detected[event_id]
         self._metrics.active.set(len(live))
         if before != set(live) or new:
             self._wake()
