@@ -12,6 +12,9 @@ Per victim (a bound pod asked to leave so that a gang's minimum fits)::
     evicting --(evicted())--> evicted                       (waits to go; not evicted again)
     any --(pod gone, unbound or finished)--> forgotten
 
+A gang whose maximum was lowered below its bound members asks its youngest surplus members to
+leave for itself, the same way (``ask(..., hold=False)``: no room is held for it).
+
 A victim asked to leave is *spent* until it is forgotten: chosen again (for its own gang or
 another one) it is not asked again, and its gang and ``evict_at`` stay as they are, so its
 leave-by never moves later once set (two gangs that chose the same victim once asked it in
@@ -113,11 +116,15 @@ class ReclaimLedger:
         victims: Iterable[PodKey],
         room: Iterable[tuple[NodeName, Resources]],
         now: float,
+        *,
+        hold: bool = True,
     ) -> tuple[tuple[PodKey, ...], float]:
         """:meth:`chosen`, also returning the victims asked to leave now (those not already
-        spent): only they get a leave-by (the time returned) and a word from the caller."""
+        spent): only they get a leave-by (the time returned) and a word from the caller.
+        ``hold=False`` holds no room (a gang's own members leaving it, above its maximum)."""
         leave_by = now + self.grace
-        self._held[gang] = Hold(tuple(room), leave_by + self.hold_extra)
+        if hold:
+            self._held[gang] = Hold(tuple(room), leave_by + self.hold_extra)
         asked: list[PodKey] = []
         for key in victims:
             if key not in self._victims:

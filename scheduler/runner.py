@@ -310,6 +310,8 @@ class Runner:
             self._tell_torn(told)
         for release in opening.released:
             self._release(release, now)
+        for shrink in opening.shrunk:
+            self._ask(shrink.gang, shrink.asked, shrink.leave_by)
 
     def _carry_out_batch(
         self,
@@ -449,10 +451,13 @@ class Runner:
         gang = outcome.decision.gang
         for pod, node in outcome.nominated:
             self.reporter.nominated(pod, node)
-        leave_by = outcome.leave_by
-        if leave_by is None:
-            return
-        for pod in outcome.asked:
+        if outcome.leave_by is not None:
+            self._ask(gang, outcome.asked, outcome.leave_by)
+
+    def _ask(self, gang: Gang, asked: Sequence[PodRequest], leave_by: float) -> None:
+        """Ask ``asked`` to leave by ``leave_by`` for ``gang`` (the room they free is its, or
+        they are its own members above its maximum)."""
+        for pod in asked:
             self.metrics.reclaims.inc()
             log.info("reclaim", pod=pod.key, gang=gang.key, deadline=leave_by)
             self.reporter.asked_to_leave(pod, gang, leave_by)

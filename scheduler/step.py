@@ -13,8 +13,13 @@ The story of a step at ``now``, on a snapshot and every gang built from it::
     ledgers  queue forgets gangs gone; the reclaim ledger adopts victims a previous instance
              chose, forgets those that left, gives up holds that ended
     due      victims whose leave-by passed are handed out for eviction (Opening.evict);
+             gangs bound above a lowered maximum ask their youngest surplus members to leave
+             through the reclaim ledger (Opening.shrunk), never below the maximum;
              stuck torn gangs are told (Opening.told), those past their grace released: their
-             survivors are asked to leave through the reclaim ledger (Opening.released)
+             survivors are asked to leave through the reclaim ledger (Opening.released);
+             a gang whose raised minimum is above its bound members, while they still meet
+             the minimum it ran with and the rest could fit beside them, is patient: it
+             keeps running, is neither warned nor released, and waits for room
     decide   gangs in turn on the snapshot (scheduler.cycle.decide_in_turn), lazily, one
              Outcome each, each decision on the room the ones before it left
     apply    each decision's ledger side before it is handed out: victims asked (never one
@@ -31,15 +36,16 @@ out, so an outcome not taken was never decided. News from outside comes back thr
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from scheduler.cache import Snapshot
+from scheduler.cache import Snapshot, node_state
 from scheduler.cycle import Config, Decision, decide_in_turn
-from scheduler.model import Gang, GangKey, NodeName, PodKey, PodRequest
+from scheduler.model import Gang, GangKey, NodeName, NodeState, PodKey, PodRequest, Unschedulable
+from scheduler.placement import Request, place
 from scheduler.queue import GangQueue
 from scheduler.reclaim_ledger import ReclaimLedger, Room
-from scheduler.torn import Torn, TornLedger
+from scheduler.torn import Torn, TornLedger, survivors
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +76,16 @@ class Release:
 
 
 @dataclass(frozen=True, slots=True)
+class Shrink:
+    """``gang`` is bound above its maximum: ``asked`` (its youngest surplus members, none asked
+    before) leave by ``leave_by``."""
+
+    gang: Gang
+    asked: tuple[PodRequest, ...]
+    leave_by: float
+
+
+@dataclass(frozen=True, slots=True)
 class Unplaced:
     """``pods`` of ``gang`` wait, for the reason ``message``; ``waiting``: only for members."""
 
@@ -91,6 +107,8 @@ class Opening:
     released: tuple[Release, ...] = ()
     #: Gangs whose held room was given back (room freed for the others).
     expired: tuple[GangKey, ...] = ()
+    #: Gangs above a lowered maximum: their surplus members asked to leave now.
+    shrunk: tuple[Shrink, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,12 +181,68 @@ def step(ledgers: Ledgers, gangs: Sequence[Gang], snapshot: Snapshot, now: float
     reclaims = ledgers.reclaims
     update = reclaims.update(gangs, snapshot.pods, now)
     evict = tuple(snapshot.pods[key] for key in reclaims.due(snapshot.pods, now))
+    shrunk = tuple(_shrink(reclaims, gangs, now))
     reserved = reclaims.reserved()
-    torn = ledgers.torn.update(gangs, now)
+    patient = frozenset(
+        g.key
+        for g in gangs
+        if ledgers.torn.raised(g) and _fits_beside_itself(g, snapshot, ledgers.settings.config)
+    )
+    torn = ledgers.torn.update(gangs, now, patient=patient)
     released = tuple(_release(reclaims, due, now) for due in torn.due)
-    opening = Opening(evict, torn.told, released, update.expired)
-    outcomes = _decide(ledgers, gangs, snapshot, now, reserved=reserved, leaving=update.leaving)
+    opening = Opening(evict, torn.told, released, update.expired, shrunk)
+    outcomes = _decide(
+        ledgers, gangs, snapshot, now, reserved=reserved, leaving=update.leaving, patient=patient
+    )
     return Step(opening, reserved, outcomes)
+
+
+def _shrink(reclaims: ReclaimLedger, gangs: Sequence[Gang], now: float) -> Iterator[Shrink]:
+    """Gangs bound above their maximum (it was lowered: a stage change) ask their youngest
+    surplus members to leave, as a reclaim does; members already asked to leave (for any
+    gang) count as gone and are not asked again, so the gang never goes below its maximum,
+    which is never below its minimum."""
+    spent = reclaims.spent()
+    for gang in gangs:
+        if len(gang.bound) <= gang.max_member or gang.succeeded:
+            continue
+        staying = [p for p in survivors(gang) if p.key not in spent]
+        extra = len(staying) - gang.max_member
+        if extra <= 0:
+            continue
+        # Youngest first; among pods created in the same second, the later name.
+        youngest = sorted(staying, key=lambda p: (p.created, p.name), reverse=True)[:extra]
+        keys, leave_by = reclaims.ask(gang.key, (p.key for p in youngest), (), now, hold=False)
+        fresh = set(keys)
+        yield Shrink(gang, tuple(p for p in youngest if p.key in fresh), leave_by)
+
+
+def _fits_beside_itself(gang: Gang, snapshot: Snapshot, config: Config) -> bool:
+    """Whether the members ``gang`` lacks for its minimum would fit if its own bound members
+    were the only pods on the cluster: then room can appear or be reclaimed for them, and the
+    gang waits for it. When not, its bounds cannot be met on this cluster at all."""
+    needed = list(gang.pending)[: gang.min_missing]
+    if len(needed) < gang.min_missing:
+        needed.extend(gang.bound[: gang.min_missing - len(needed)])  # same shape, to be created
+    if not needed:
+        return False
+    own: dict[NodeName, list[PodRequest]] = {}
+    for pod in survivors(gang):
+        if pod.node is not None:
+            own.setdefault(pod.node, []).append(pod)
+    nodes: dict[NodeName, NodeState] = {
+        name: node_state(state.node, own.get(name, ())) for name, state in snapshot.nodes.items()
+    }
+    request = Request(
+        gang=gang.key,
+        pods=needed,
+        topology_keys=config.topology_keys,
+        required=gang.topology_required,
+        preferred=gang.topology_preferred,
+        bound_nodes=tuple(own),
+        weights=config.weights,
+    )
+    return not isinstance(place(request, nodes), Unschedulable)
 
 
 def _release(reclaims: ReclaimLedger, torn: Torn, now: float) -> Release:
@@ -188,6 +262,7 @@ def _decide(
     *,
     reserved: Mapping[GangKey, Room],
     leaving: Mapping[GangKey, int],
+    patient: frozenset[GangKey] = frozenset(),
 ) -> Generator[Outcome]:
     settings = ledgers.settings
     turn = decide_in_turn(
@@ -202,7 +277,7 @@ def _decide(
     )
     try:
         for count, decision in enumerate(turn, start=1):
-            yield _apply(ledgers, decision, snapshot.pods, now)
+            yield _apply(ledgers, decision, snapshot.pods, now, decision.gang.key in patient)
             if decision.victims or count >= settings.batch_decisions:
                 return
     finally:
@@ -210,7 +285,11 @@ def _decide(
 
 
 def _apply(
-    ledgers: Ledgers, decision: Decision, pods: Mapping[PodKey, PodRequest], now: float
+    ledgers: Ledgers,
+    decision: Decision,
+    pods: Mapping[PodKey, PodRequest],
+    now: float,
+    patient: bool = False,
 ) -> Outcome:
     """The ledger side of ``decision``, and what carrying it out means."""
     gang = decision.gang
@@ -232,7 +311,7 @@ def _apply(
         leave_by=leave_by,
         nominated=tuple((members[a.pod], a.node) for a in decision.nominated),
         told=told,
-        unplaced=_unplaced(decision),
+        unplaced=_unplaced(decision, patient),
         binds=tuple((members[a.pod], a.node) for a in decision.bindings),
     )
 
@@ -248,11 +327,14 @@ def _stuck(ledgers: Ledgers, decision: Decision, now: float) -> Torn | None:
     return ledgers.torn.stuck(decision.gang, now)
 
 
-def _unplaced(decision: Decision) -> Unplaced | None:
+def _unplaced(decision: Decision, patient: bool = False) -> Unplaced | None:
     gang = decision.gang
     why = decision.unschedulable
     if why is not None:
-        return Unplaced(gang, gang.pending, why.message(), waiting=why.waiting)
+        message = why.message()
+        if patient:
+            message = f"{raised_minimum_text(gang)} {message}"
+        return Unplaced(gang, gang.pending, message, waiting=why.waiting)
     if decision.surplus_unschedulable is not None:
         placed = {a.pod for a in decision.bindings}
         waiting = tuple(p for p in gang.pending if p.key not in placed)
@@ -262,3 +344,14 @@ def _unplaced(decision: Decision) -> Unplaced | None:
         )
         return Unplaced(gang, waiting, message)
     return None
+
+
+def raised_minimum_text(gang: Gang) -> str:
+    """What a patient gang (its minimum raised above its bound members) is told: it keeps
+    running and what it waits for."""
+    bound = len(survivors(gang))
+    return (
+        f"Gang {gang.name} runs with {bound} member(s) bound, below its raised minimum "
+        f"{gang.min_member}; they keep running while it waits for room for "
+        f"{gang.min_missing} more:"
+    )

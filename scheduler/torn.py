@@ -22,6 +22,17 @@ decisions) and :meth:`TornLedger.stuck` (a decision that found no room)::
     told --(now >= release_at: update)--> released: the survivors are asked to leave, once
     any --(whole again, finishing, gone, or no survivor)--> forgotten
 
+A gang whose minimum was raised while it ran (a stage change) is torn too, but while its
+survivors still meet the minimum it last ran with it is *raised*: if the members it lacks could
+fit beside its own bound members on the cluster (the step checks), it is *patient* — it keeps
+running, is neither told nor released, and waits for room (found, freed or reclaimed). Only a
+raised minimum that cannot be met on the cluster at all, or survivors below the old minimum
+too, take the path above: the user's bounds make the release unavoidable, and it comes after a
+notice. The minimum each gang last met is kept for as long as the gang exists::
+
+    whole(min m) --(minimum raised above the survivors, survivors >= m)--> raised
+    raised, patient --(update(patient))--> not torn for the ledger (no entry, no release)
+
 What a told gang says is written on its survivors (and its PodGroup): a member it was written on
 that goes away changes the survivors, so it is written again on the ones that are left. A
 released gang's survivors are asked to leave through the reclaim path (``shoal.dev/leave-by``,
@@ -32,7 +43,7 @@ the gang back whole, and their GPUs serve others meanwhile.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from contracts import names
@@ -169,14 +180,30 @@ class TornLedger:
 
     grace: float
     _gangs: dict[GangKey, _Entry] = field(default_factory=dict)
+    #: The minimum each gang with bound members last met.
+    _met: dict[GangKey, int] = field(default_factory=dict)
 
-    def update(self, gangs: Iterable[Gang], now: float) -> TornUpdate:
-        """Bring every gang up to ``now``; ``gangs`` are every gang there is."""
+    def raised(self, gang: Gang) -> bool:
+        """``gang`` is torn only because its minimum was raised: its survivors still meet the
+        minimum it last ran with."""
+        met = self._met.get(gang.key)
+        return met is not None and is_torn(gang) and met <= len(survivors(gang))
+
+    def update(
+        self, gangs: Iterable[Gang], now: float, *, patient: Collection[GangKey] = ()
+    ) -> TornUpdate:
+        """Bring every gang up to ``now``; ``gangs`` are every gang there is; ``patient`` are
+        raised gangs that wait for room (never told nor released)."""
         told: list[Torn] = []
         due: list[Torn] = []
         torn_now: set[GangKey] = set()
+        seen: set[GangKey] = set()
         for gang in gangs:
+            seen.add(gang.key)
             if not is_torn(gang):
+                self._note_met(gang)
+                continue
+            if gang.key in patient:
                 continue
             torn_now.add(gang.key)
             entry = self._gangs.setdefault(gang.key, _Entry(since=now))
@@ -194,7 +221,13 @@ class TornLedger:
                 entry.said = said
         for key in [k for k in self._gangs if k not in torn_now]:
             del self._gangs[key]
+        for key in [k for k in self._met if k not in seen]:
+            del self._met[key]
         return TornUpdate(tuple(told), tuple(due))
+
+    def _note_met(self, gang: Gang) -> None:
+        if gang.bound and len(survivors(gang)) >= gang.min_member:
+            self._met[gang.key] = gang.min_member
 
     def stuck(self, gang: Gang, now: float) -> Torn | None:
         """A decision found no room for the members torn ``gang`` lacks, although they exist:

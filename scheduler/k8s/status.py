@@ -242,6 +242,16 @@ class ApiReporter:
         self._submit(self._pod_event, pod, "Warning", "FailedBinding", message)
 
     def asked_to_leave(self, pod: PodRequest, gang: Gang, leave_by: float) -> None:
+        if any(member.key == pod.key for member in gang.members):
+            # Its own gang's maximum was lowered below its bound members (a stage change).
+            message = (
+                f"Asked to leave by {format_time(leave_by)} (annotation "
+                f"{names.LEAVE_BY_ANNOTATION}): gang {gang.key}'s maximum is now "
+                f"{gang.max_member} with {len(gang.bound)} bound, and its youngest members "
+                "above it leave; evicted once its worker acknowledges, or then"
+            )
+            self._submit(self._pod_event, pod, "Warning", "Reclaimed", message)
+            return
         message = (
             f"Asked to leave by {format_time(leave_by)} (annotation {names.LEAVE_BY_ANNOTATION}) "
             f"to make room for gang {gang.key} (priority {gang.priority}); evicted then"

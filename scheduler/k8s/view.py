@@ -15,6 +15,7 @@ from typing import Any
 import structlog
 from kubernetes import client
 
+from contracts import names
 from scheduler.cache import Cache
 from scheduler.gang.kinds import KINDS, Kinds, PodGroupKind
 from scheduler.k8s import convert
@@ -94,8 +95,10 @@ class ClusterView:
             self._pod_added(pod.namespace, pod.name, pod.uid, pod.annotations)
         # A new pod may complete a gang; a finished or leaving one frees its node. A PodGroup
         # member now Running changes its group's status only: the loop looks, no backoff ends.
+        # A change of the gang's bounds (shoal.dev/min-member, max-member) or of what the pod
+        # is counted for (an in-place resize) is acted on at once, not at the idle wake.
         # Other updates (a binding confirmed) give the loop nothing new to do.
-        if kind == "ADDED" or pod.finished or pod.deleting:
+        if kind == "ADDED" or pod.finished or pod.deleting or _resized_or_rebounded(old, pod):
             self._wake(True)
         elif old is not None and old.phase != pod.phase and self._counted(pod):
             self._wake(False)
@@ -131,3 +134,17 @@ class ClusterView:
     def _counted(self, pod: PodRequest) -> bool:
         """Whether ``pod`` counts in the status of a PodGroup it names."""
         return any(k.status_from_members and k.named(pod) for k in self._kinds)
+
+
+#: Pod annotations that set a gang's bounds: a change is a stage change of a running job.
+_BOUNDS = (names.MIN_MEMBER_ANNOTATION, names.MAX_MEMBER_ANNOTATION)
+
+
+def _resized_or_rebounded(old: PodRequest | None, new: PodRequest) -> bool:
+    """``new`` asks for other bounds of its gang, or is counted for other resources (a resize
+    requested, allocated or applied), than ``old``."""
+    if old is None:
+        return False
+    if old.requests != new.requests:
+        return True
+    return any(old.annotations.get(a) != new.annotations.get(a) for a in _BOUNDS)

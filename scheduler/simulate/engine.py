@@ -541,6 +541,9 @@ class Simulation:
             for pod in release.asked:
                 self._released.add(pod.key)
                 self._effect(now, "ask", pod.name, f"{release.leave_by:g}")
+        for shrink in opening.shrunk:
+            for pod in shrink.asked:
+                self._effect(now, "ask", pod.name, f"{shrink.leave_by:g}")
         return freed
 
     def _carry_out(self, this: Step, snapshot: Snapshot, now: float) -> bool:

@@ -141,9 +141,22 @@ def test_members_with_different_scheduler_names_are_reported() -> None:
     assert "default-scheduler" in bad.message
 
 
-def test_members_disagreeing_on_min_are_reported() -> None:
-    bad = _invalid([pod("a", gang="g", min_member="2"), pod("b", gang="g", min_member="3")])
-    assert "disagree" in bad.message
+def test_members_disagreeing_while_their_bounds_are_patched_keep_the_widest_bounds() -> None:
+    # A stage change patches the members one at a time: no error while they disagree; the gang
+    # keeps the lowest minimum and the highest maximum (nothing asked to leave meanwhile).
+    pods = [
+        pod("a", gang="g", min_member="2", max_member="4"),
+        pod("b", gang="g", min_member="3", max_member="2"),
+        pod("c", gang="g", min_member="3", max_member="2"),
+    ]
+    gangs, invalid = build_gangs(pods, {}, SCHED)
+    assert invalid == []
+    assert [(g.min_member, g.max_member) for g in gangs] == [(2, 4)]
+
+
+def test_a_member_with_a_bound_that_is_not_a_count_is_still_reported() -> None:
+    bad = _invalid([pod("a", gang="g", min_member="2"), pod("b", gang="g", min_member="x")])
+    assert "min-member" in bad.message
 
 
 @given(
