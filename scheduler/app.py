@@ -166,7 +166,11 @@ def _wire(settings: CliSettings, api: Any, workers: int) -> _Program:
     )
     wiring_events = PodEvents(api, name)
     view = ClusterView(
-        api, cache, lambda freed: runner.wake(freed=freed), pod_added=wiring_events.pod_added
+        api,
+        cache,
+        lambda freed: runner.wake(freed=freed),
+        pod_added=wiring_events.pod_added,
+        resize_blocked=reporter.resize_blocked,
     )
     stop = threading.Event()
     may_schedule = functools.partial(_may_schedule, view, elector)

@@ -240,6 +240,22 @@ class Cache:
             return {k: node for k, (node, _, _) in self._assumed.items()}
 
     # -- pod groups ----------------------------------------------------------------------------
+    def overcommitted(self, name: NodeName) -> Resources | None:
+        """How much more than node ``name`` has its pods are counted for (an in-place resize
+        not yet applied is counted at the largest of its sizes), or ``None`` when it holds them
+        all or is not known."""
+        with self._lock:
+            node = self._nodes.get(name)
+            if node is None:
+                return None
+            used = Resources()
+            for pod in self._on_node.get(name, {}).values():
+                used = used + pod.requests
+            over = used - node.allocatable
+            if over.cpu_milli <= 0 and over.memory <= 0 and over.gpu <= 0:
+                return None
+            return Resources(max(0, over.cpu_milli), max(0, over.memory), max(0, over.gpu), 0)
+
     def set_pod_group(self, group: PodGroup) -> None:
         with self._lock:
             self._groups[group.ref] = group

@@ -102,13 +102,60 @@ def _container_requests(container: Mapping[str, Any]) -> Resources:
     return resources(merged)
 
 
-def pod_requests(spec: Mapping[str, Any]) -> Resources:
-    """Effective request: sum of containers, at least each init container, plus overhead."""
+def _statuses(status: Mapping[str, Any] | None, field: str) -> dict[str, Mapping[str, Any]]:
+    """The container statuses in ``status[field]``, by container name."""
+    found: dict[str, Mapping[str, Any]] = {}
+    for item in (status or {}).get(field) or []:
+        if isinstance(item, Mapping):
+            found[str(item.get("name", ""))] = item
+    return found
+
+
+def _counted(container: Mapping[str, Any], status: Mapping[str, Any] | None) -> Resources:
+    """What a container is counted for, as kube-scheduler counts a pod with an in-place resize
+    (``pods/resize``) requested or under way: for CPU and memory, the largest of its spec, what
+    the kubelet allocated (``allocatedResources``) and what it runs with (``resources``), so
+    that neither a downsize not yet applied nor an upsize not yet allowed over-commits a node.
+    GPUs cannot be resized in place: the spec."""
+    spec = _container_requests(container)
+    if not status:
+        return spec
+    allocated = resources(status.get("allocatedResources"))
+    actual = resources((status.get("resources") or {}).get("requests"))
+    return Resources(
+        max(spec.cpu_milli, allocated.cpu_milli, actual.cpu_milli),
+        max(spec.memory, allocated.memory, actual.memory),
+        spec.gpu,
+        0,
+    )
+
+
+def resize_pending(raw: Mapping[str, Any]) -> bool:
+    """The pod asks for more CPU or memory for a container than the kubelet has allocated it
+    (an in-place upsize, ``pods/resize``, that is not applied yet)."""
+    spec = raw.get("spec") or {}
+    running = _statuses(raw.get("status") or {}, "containerStatuses")
+    for container in spec.get("containers") or []:
+        status = running.get(str(container.get("name", "")))
+        if not status or "allocatedResources" not in status:
+            continue
+        wanted = _container_requests(container)
+        allocated = resources(status.get("allocatedResources"))
+        if wanted.cpu_milli > allocated.cpu_milli or wanted.memory > allocated.memory:
+            return True
+    return False
+
+
+def pod_requests(spec: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> Resources:
+    """Effective request: sum of containers, at least each init container, plus overhead; each
+    container counted for the largest of its spec, allocated and actual CPU and memory."""
+    running = _statuses(status, "containerStatuses")
+    starting = _statuses(status, "initContainerStatuses")
     total = Resources()
     for container in spec.get("containers") or []:
-        total = total + _container_requests(container)
+        total = total + _counted(container, running.get(str(container.get("name", ""))))
     for init in spec.get("initContainers") or []:
-        need = _container_requests(init)
+        need = _counted(init, starting.get(str(init.get("name", ""))))
         total = Resources(
             max(total.cpu_milli, need.cpu_milli),
             max(total.memory, need.memory),
@@ -154,7 +201,7 @@ def pod(raw: Mapping[str, Any]) -> PodRequest:
         name=name,
         uid=str(meta.get("uid", "")),
         resource_version=str(meta.get("resourceVersion") or ""),
-        requests=pod_requests(spec),
+        requests=pod_requests(spec, status),
         scheduler_name=str(spec.get("schedulerName") or "default-scheduler"),
         node=NodeName(node) if node else None,
         phase=phase,

@@ -270,6 +270,15 @@ class ApiReporter:
         if write is not None and self._changed(key, f"{preemptor.key}|{write!r}"):
             self._group_write(ref, write, key)
 
+    def resize_blocked(self, pod: PodRequest, message: str) -> None:
+        """A ``ResizeDoesNotFit`` Warning on a pod whose in-place resize does not fit on its
+        node, once per message."""
+        key = ("ResizeDoesNotFit", pod.key)
+        if self._changed(key, message):
+            self._submit(
+                self._pod_event, pod, "Warning", "ResizeDoesNotFit", message, remembered=key
+            )
+
     def nominated(self, pod: PodRequest, node: NodeName) -> None:
         key = ("nominated", pod.key)
         if self._changed(key, node):

@@ -28,6 +28,8 @@ log = structlog.get_logger("scheduler.view")
 Wake = Callable[[bool], None]
 #: Told of each pod created while the view watches: (namespace, name, uid, annotations).
 PodAdded = Callable[[str, str, str, Mapping[str, str]], None]
+#: Told of a bound pod whose in-place resize does not fit on its node: (pod, why).
+ResizeBlocked = Callable[[PodRequest, str], None]
 
 
 class ClusterView:
@@ -40,10 +42,12 @@ class ClusterView:
         page_size: int = 500,
         pod_added: PodAdded | None = None,
         kinds: Kinds = KINDS,
+        resize_blocked: ResizeBlocked | None = None,
     ) -> None:
         self._cache = cache
         self._wake = wake
         self._pod_added = pod_added
+        self._resize_blocked = resize_blocked
         self._kinds = kinds
         self._node_problems: dict[str, str] = {}
         core = client.CoreV1Api(api)
@@ -93,6 +97,8 @@ class ClusterView:
         old = self._cache.set_pod(pod)
         if kind == "ADDED" and self._pod_added is not None:
             self._pod_added(pod.namespace, pod.name, pod.uid, pod.annotations)
+        if pod.node is not None and pod.holds_resources and convert.resize_pending(raw):
+            self._resize_fits(pod)
         # A new pod may complete a gang; a finished or leaving one frees its node. A PodGroup
         # member now Running changes its group's status only: the loop looks, no backoff ends.
         # A change of the gang's bounds (shoal.dev/min-member, max-member) or of what the pod
@@ -102,6 +108,28 @@ class ClusterView:
             self._wake(True)
         elif old is not None and old.phase != pod.phase and self._counted(pod):
             self._wake(False)
+
+    def _resize_fits(self, pod: PodRequest) -> None:
+        """Tell the user of a resize that cannot fit on its node (it is counted at its largest
+        size meanwhile, so nothing else is placed into the room it asks for)."""
+        assert pod.node is not None
+        over = self._cache.overcommitted(pod.node)
+        if over is None or self._resize_blocked is None:
+            return
+        short = []
+        if over.cpu_milli > 0:
+            short.append(f"{over.cpu_milli}m CPU")
+        if over.memory > 0:
+            short.append(f"{over.memory} bytes of memory")
+        if not short:
+            return
+        self._resize_blocked(
+            pod,
+            f"The resize of {pod.key} does not fit on node {pod.node}: its pods would need "
+            f"{' and '.join(short)} more than it has. Until room frees there or the resize is "
+            "lowered, the kubelet keeps it pending (condition PodResizePending); Shoal counts "
+            "the pod at its larger size meanwhile, so nothing else takes that room.",
+        )
 
     # -- nodes -----------------------------------------------------------------------------------
     def _nodes_listed(self, items: list[dict[str, Any]]) -> None:

@@ -5,11 +5,14 @@ gang running and waits; one that the cluster can never meet is released after th
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+from scheduler.cache import Cache
 from scheduler.gang import build_gangs
-from scheduler.model import Gang, PodRequest
+from scheduler.k8s import convert
+from scheduler.model import Gang, NodeName, PodRequest
 from scheduler.step import Ledgers, Step, StepSettings, step
-from tests.unit.scheduler.builders import SCHED, node, pod, snapshot
+from tests.unit.scheduler.builders import GIB, SCHED, node, pod, snapshot
 
 SETTINGS = StepSettings(reclaim_grace=30.0, torn_grace=60.0)
 
@@ -98,3 +101,48 @@ def test_a_raised_minimum_the_cluster_can_never_meet_is_released_after_the_notic
     assert told, "a release the bounds make unavoidable is announced first"
     release = _run(ledgers, raised, 1.0 + 60.0).opening.released
     assert [sorted(p.name for p in r.asked) for r in release] == [["m0", "m1"]]
+
+
+def _resized(spec_cpu: str, allocated_cpu: str, actual_cpu: str) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": "ns", "name": "r", "uid": "u"},
+        "spec": {
+            "nodeName": "n0",
+            "containers": [
+                {"name": "main", "resources": {"requests": {"cpu": spec_cpu, "memory": "1Gi"}}}
+            ],
+        },
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [
+                {
+                    "name": "main",
+                    "allocatedResources": {"cpu": allocated_cpu, "memory": "1Gi"},
+                    "resources": {"requests": {"cpu": actual_cpu, "memory": "2Gi"}},
+                }
+            ],
+        },
+    }
+
+
+def test_a_resize_in_flight_is_counted_at_the_largest_of_spec_allocated_and_actual() -> None:
+    # A downsize the kubelet has not applied: still counted at what it runs with.
+    down = convert.pod(_resized("10", "50", "50"))
+    assert (down.requests.cpu_milli, down.requests.memory) == (50_000, 2 * GIB)
+    assert not convert.resize_pending(_resized("10", "50", "50"))
+    # An upsize not allocated yet: counted at the spec already, and pending.
+    up = convert.pod(_resized("80", "50", "50"))
+    assert up.requests.cpu_milli == 80_000
+    assert convert.resize_pending(_resized("80", "50", "50"))
+
+
+def test_a_node_whose_pods_are_counted_for_more_than_it_has_says_by_how_much() -> None:
+    cache = Cache()
+    cache.set_node(node("n0", cpu=96))
+    cache.set_pod(convert.pod(_resized("80", "50", "50")))
+    assert cache.overcommitted(NodeName("n0")) is None
+    other = pod("o", cpu_milli=40_000, node="n0")
+    cache.set_pod(other)
+    over = cache.overcommitted(NodeName("n0"))
+    assert over is not None
+    assert over.cpu_milli == 24_000
