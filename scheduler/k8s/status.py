@@ -177,6 +177,10 @@ class ApiReporter:
             # Members still being created: normal for a gang, not a scheduling failure that
             # should stay behind as a warning once the gang runs.
             self._gang_event(gang, pods, "Normal", "WaitingForMembers", message)
+        elif gang.min_missing > 0 and torn_core.survivors(gang):
+            # Members run and the rest of a (raised) minimum waits for room: what it waits
+            # for, under a reason of its own (not held back by an earlier FailedScheduling).
+            self._gang_event(gang, pods, "Normal", "WaitingForRoom", message)
         else:
             self._gang_event(gang, pods, "Warning", "FailedScheduling", message)
 
