@@ -4,8 +4,8 @@ Gangs are built by the scheduler's own gang sources (:func:`scheduler.gang.build
 from objects converted by the scheduler's own adapter functions (:mod:`scheduler.k8s.convert`),
 so a gang here is the gang the scheduler schedules. What the scheduler decided comes from what
 it already writes on the objects: the members' ``PodScheduled`` condition (the reason a gang
-waits, with per-node counts), its Events (``WaitingForMembers``, ``GangBelowMinimum``,
-``PodGroupNotFound``, ``InvalidGang``...), and the ``shoal.dev/leave-by`` and
+waits, with per-node counts), its Events (``WaitingForMembers``, ``WaitingForRoom``,
+``GangBelowMinimum``, ``PodGroupNotFound``, ``InvalidGang``...), and the ``shoal.dev/leave-by`` and
 ``shoal.dev/reclaimed-for`` annotations on the pods it reclaims.
 
 Field names of the returned dicts are the plugin's ``-o json|yaml`` contract (README).
@@ -161,9 +161,12 @@ def _reason(
         return "", ""
     events = index.gang_events(gang)
     if phase == "Torn":
-        torn = [e for e in events if e.get("reason") == "GangBelowMinimum"]
+        # The newest of what it was told: torn and to be released, or (a raised minimum)
+        # running while it waits for room.
+        torn = [e for e in events if e.get("reason") in ("GangBelowMinimum", "WaitingForRoom")]
         if torn:
-            return "GangBelowMinimum", _one_line(str(torn[-1].get("message") or ""))
+            last = torn[-1]
+            return str(last.get("reason")), _one_line(str(last.get("message") or ""))
         return "GangBelowMinimum", (
             f"{len(gang.bound)} of {gang.min_member} bound; waiting for "
             f"{gang.min_missing - len(gang.pending)} more member(s)"
@@ -300,16 +303,19 @@ def _decision(row: Mapping[str, Any], gang: Gang | InvalidGang) -> str:
         leaving = [p for p in gang.members if names.LEAVE_BY_ANNOTATION in p.annotations]
         told = "".join(
             f" {p.key} is asked to leave by {p.annotations[names.LEAVE_BY_ANNOTATION]}"
-            + (
-                f" to make room for {p.annotations[names.RECLAIMED_FOR_ANNOTATION]}."
-                if names.RECLAIMED_FOR_ANNOTATION in p.annotations
-                else "."
-            )
+            + _leaves_for(p.annotations.get(names.RECLAIMED_FOR_ANNOTATION), gang)
             for p in leaving
         )
+        if row["bound"] > gang.max_member:
+            counts += f", above its maximum {gang.max_member}: the youngest leave"
         return f"Admitted: {counts}.{told}"
     if phase == "Torn":
-        return f"Below its minimum after being admitted: {counts}. {row['reason']}"
+        head = (
+            "Running below its raised minimum"
+            if row["reasonCode"] == "WaitingForRoom"
+            else "Below its minimum after being admitted"
+        )
+        return f"{head}: {counts}. {row['reason']}"
     if phase == "WaitingForMembers":
         return (
             f"Waiting for members: {len(gang.members)} of {gang.min_member} exist, "
@@ -322,6 +328,16 @@ def _decision(row: Mapping[str, Any], gang: Gang | InvalidGang) -> str:
             f"{len(row['reclaimedForIt'])} pod(s) asked to leave: {victims}."
         )
     return f"Waiting for capacity: {counts}. {row['reason']}"
+
+
+def _leaves_for(target: str | None, gang: Gang) -> str:
+    """Why a member of ``gang`` asked to leave leaves: room for another gang, or its own
+    maximum was lowered."""
+    if target is None:
+        return "."
+    if target == gang.key:
+        return f" (its gang's maximum is {gang.max_member})."
+    return f" to make room for {target}."
 
 
 def _notices(meta: Raw, taints: Iterable[Raw]) -> list[dict[str, Any]]:
