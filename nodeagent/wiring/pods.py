@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import datetime
 
 import structlog
@@ -169,7 +170,10 @@ class PodList:
     async def _save_all(self) -> None:
         while self._unsaved and self._file is not None:
             self._unsaved = False
-            pods = list(self._view.values())
+            # With the store's worker marks (pods that opened a notice watch): an agent restarted
+            # under a notice must not drain a worker in the moment before it watches again.
+            workers = {p.uid for p in self._store.pods() if p.worker}
+            pods = [replace(p, worker=True) if p.uid in workers else p for p in self._view.values()]
             try:
                 await asyncio.to_thread(self._file.save, pods, self._clock())
             except Exception as exc:  # the file is a convenience: never stop on it
