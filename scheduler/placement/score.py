@@ -16,9 +16,18 @@ Pure and additive; the weights say what wins over what:
    the CPU that free GPUs will need, and a GPU pod prefers a node whose free GPUs were short of
    CPU anyway.
 6. Rest (``REST``): among equals, the node whose CPU and memory end up fuller.
+7. Plenty (``PLENTIFUL``): among equals, the node whose shape (allocatable CPU, memory, GPUs)
+   the most nodes share, so that the scarce shapes are kept for the pods only they can hold.
 
-Ties left after all of this are broken by a hash of pod and node name in the search, never by
-name order (which would pile every small pod onto the first nodes).
+Above the tight fit comes the expected fragmentation (``FRAGMENT``, per GPU): what the placement
+costs the pods likely to come, FGD adapted to whole GPUs (:mod:`scheduler.placement.demand`):
+the growth of the free GPUs on the node that a likely pod shape could not use. It keeps the
+nodes that alone fit the biggest shapes for last, and fills first the nodes that the big shapes
+could not use anyway.
+
+Ties left after all of this (nodes of one shape with as much free) are broken by a hash of pod
+and node name in the search, never by name order (which would pile every small pod onto the
+first nodes).
 
 Fewest topology domains is decided before scoring, by the search (one rack when one rack holds
 the gang); see :mod:`scheduler.placement.search`.
@@ -40,9 +49,14 @@ class Weights:
     tight: float = 1.0
     strand: float = 1.0
     rest: float = 0.1
+    #: Off unless asked for, so that a policy spelled out term by term (the simulator's
+    #: best-fit, least-allocated) stays what it says.
+    fragment: float = 0.0
+    plentiful: float = 0.0
 
 
-DEFAULT_WEIGHTS = Weights()
+#: Shoal's placement.
+DEFAULT_WEIGHTS = Weights(fragment=1.0, plentiful=0.01)
 
 
 def island_fit(islands: tuple[int, ...] | None, gpus: int) -> bool:
@@ -61,9 +75,13 @@ def node_score(
     surplus: bool,
     together: bool,
     weights: Weights = DEFAULT_WEIGHTS,
+    fragment: float = 0.0,
+    plenty: float = 0.0,
 ) -> float:
-    """Score of placing a pod asking ``request`` on ``node`` that has ``free`` left."""
-    score = 0.0
+    """Score of placing a pod asking ``request`` on ``node`` that has ``free`` left.
+    ``fragment`` is what it costs the likely pods (:meth:`~scheduler.placement.demand.Demand.cost`),
+    ``plenty`` the share of nodes with the node's shape."""
+    score = -weights.fragment * fragment + weights.plentiful * plenty
     if request.gpu > 1 and islands is not None and island_fit(islands, request.gpu):
         score += weights.island
     if node.spot == surplus:

@@ -35,6 +35,7 @@ from scheduler.model import (
     Unschedulable,
 )
 from scheduler.placement import filters
+from scheduler.placement.demand import Demand, demand_of
 from scheduler.placement.fits import Fits, fits_of
 from scheduler.placement.score import DEFAULT_WEIGHTS, Weights, node_score
 from scheduler.topology.domains import Domain, Domains
@@ -90,7 +91,9 @@ def place(
     feasible = _feasible(pods, nodes, origin)
     if isinstance(feasible, Unschedulable):
         return feasible
-    search = _Search(request, pods, nodes, *feasible, domains=domains)
+    weights = request.weights
+    demand = demand_of(nodes) if weights.fragment or weights.plentiful else None
+    search = _Search(request, pods, nodes, *feasible, domains=domains, demand=demand)
     if request.required:
         return _in_required_domain(search, request.required)
     return _narrowest_first(search)
@@ -121,6 +124,10 @@ def _feasible(
     return feasible, frozenset(n for v in by_shape.values() for n in v.fits), None
 
 
+#: How many domains that hold a gang a search compares by what they cost the likely pods.
+DOMAIN_CHOICES = 8
+
+
 @dataclass(frozen=True, slots=True)
 class _Search:
     """One placement search: the pods (biggest first), where each could go, and what they
@@ -136,6 +143,8 @@ class _Search:
     known_outside: Set[NodeName] | None
     #: Free capacity per domain of ``nodes``, when the snapshot keeps it.
     domains: Domains | None = None
+    #: The expected workload, when the weights score the cost to it.
+    demand: Demand | None = None
     #: What the pods ask for together.
     need: Resources = field(init=False)
     _outside: list[Set[NodeName]] = field(init=False, default_factory=list)
@@ -158,8 +167,11 @@ class _Search:
             self._outside.append(frozenset(self.nodes.keys() - self.union))
         return self._outside[0]
 
-    def attempt(self, candidates: Collection[NodeName], key: str | None) -> Placement | None:
-        """Every pod on ``candidates`` (members drawn together on ``key``), or ``None``."""
+    def attempt(
+        self, candidates: Collection[NodeName], key: str | None, spent: list[float] | None = None
+    ) -> Placement | None:
+        """Every pod on ``candidates`` (members drawn together on ``key``), or ``None``. What
+        the placement costs the likely pods is added to ``spent``, when given."""
         assignments = _greedy(
             self.request,
             self.pods,
@@ -167,6 +179,8 @@ class _Search:
             candidates=candidates,
             nodes=self.nodes,
             together_key=key,
+            demand=self.demand,
+            spent=spent,
         )
         if assignments is None:
             return None
@@ -177,12 +191,30 @@ class _Search:
     def first_fit(
         self, domains: Iterable[tuple[str, Collection[NodeName]]], key: str | None
     ) -> Placement | None:
-        """The placement in the first of ``domains`` (in order) that holds every pod."""
+        """The placement in the first of ``domains`` (in order) that holds every pod; with a
+        demand, the one of the first :data:`DOMAIN_CHOICES` that hold every pod whose
+        placement costs the likely pods least (the earliest among equals), so that a gang
+        does not take the only domain a bigger gang could use."""
+        if self.demand is None:
+            for _, group in domains:
+                found = self.attempt(group, key)
+                if found is not None:
+                    return found
+            return None
+        best: Placement | None = None
+        best_cost = 0.0
+        choices = 0
         for _, group in domains:
-            found = self.attempt(group, key)
-            if found is not None:
-                return found
-        return None
+            spent = [0.0]
+            found = self.attempt(group, key, spent)
+            if found is None:
+                continue
+            if best is None or spent[0] < best_cost:
+                best, best_cost = found, spent[0]
+            choices += 1
+            if choices >= DOMAIN_CHOICES or best_cost <= 0.0:
+                break
+        return best
 
 
 def _in_required_domain(search: _Search, key: str) -> Placement | Unschedulable:
@@ -225,6 +257,7 @@ def _why_no_domain(search: _Search, key: str, groups: Mapping[str, _Usable]) -> 
             candidates=group.nodes,
             nodes=search.nodes,
             together_key=key,
+            demand=search.demand,
         )
         if isinstance(stuck, _Stuck) and (closest is None or stuck.placed > closest[1].placed):
             closest = (value, stuck)
@@ -377,6 +410,8 @@ def _greedy(
     candidates: Collection[NodeName],
     nodes: Mapping[NodeName, NodeState],
     together_key: str | None,
+    demand: Demand | None = None,
+    spent: list[float] | None = None,
 ) -> tuple[Assignment, ...] | None:
     """Each pod in turn on the best-scoring candidate that still has room for it, the room
     taken before the next pod is placed; ``None`` as soon as one pod fits nowhere. With a
@@ -388,6 +423,8 @@ def _greedy(
         candidates=candidates,
         nodes=nodes,
         together_key=together_key,
+        demand=demand,
+        spent=spent,
     )
     return None if isinstance(stuck, _Stuck) else stuck
 
@@ -410,8 +447,11 @@ def _assign(
     candidates: Collection[NodeName],
     nodes: Mapping[NodeName, NodeState],
     together_key: str | None,
+    demand: Demand | None = None,
+    spent: list[float] | None = None,
 ) -> tuple[Assignment, ...] | _Stuck:
-    """:func:`_greedy`, saying where it stopped when a pod fits nowhere."""
+    """:func:`_greedy`, saying where it stopped when a pod fits nowhere; what each choice
+    costs the likely pods is added to ``spent[0]``, when given (with a ``demand``)."""
     room = _Room(nodes)
     used: set[str] = set()
     if together_key is not None:
@@ -426,10 +466,18 @@ def _assign(
         else:
             candidates_for_pod = sorted(n for n in fits if n in candidates)
         best = _best_node(
-            request, pod, names=candidates_for_pod, room=room, used=used, together_key=together_key
+            request,
+            pod,
+            names=candidates_for_pod,
+            room=room,
+            used=used,
+            together_key=together_key,
+            demand=demand,
         )
         if best is None:
             return _Stuck(pod, len(assignments), room)
+        if spent is not None and demand is not None:
+            spent[0] += demand.cost(pod.requests, room.on(best)[0])
         room.take(best, pod.requests)
         value = nodes[best].node.labels.get(together_key) if together_key is not None else None
         if value is not None:
@@ -450,6 +498,7 @@ def _not_together(search: _Search, key: str | None) -> Unschedulable:
         candidates=search.union,
         nodes=nodes,
         together_key=key,
+        demand=search.demand,
     )
     total = len(search.pods)
     summary = f"the {total} member(s) do not fit together;"
@@ -505,9 +554,13 @@ def _best_node(
     room: _Room,
     used: set[str],
     together_key: str | None,
+    demand: Demand | None = None,
 ) -> NodeName | None:
     """The highest-scoring of ``names`` with room left for ``pod``; ``None`` when none has.
-    Equal scores are told apart by a hash of pod and node name (:func:`tie_break`)."""
+    With a ``demand``, the score counts what the node costs the likely pods and how plentiful
+    its shape is. Equal scores are told apart by a hash of pod and node name
+    (:func:`tie_break`)."""
+    requests = pod.requests
     best = 0.0
     best_name: NodeName | None = None
     best_tie: float | None = None  # the best node's tie_break, hashed only when a tie needs it
@@ -518,13 +571,15 @@ def _best_node(
         node = room.nodes[name].node
         value = node.labels.get(together_key) if together_key is not None else None
         score = node_score(
-            pod.requests,
+            requests,
             node,
             free,
             islands,
             surplus=request.surplus,
             together=value is not None and value in used,
             weights=request.weights,
+            fragment=demand.cost(requests, free) if demand is not None else 0.0,
+            plenty=demand.plenty(node) if demand is not None else 0.0,
         )
         if best_name is None or score > best:
             best, best_name, best_tie = score, name, None

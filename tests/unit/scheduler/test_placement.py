@@ -17,14 +17,15 @@ from scheduler.model import (
     NodeName,
     Placement,
     PodRequest,
+    Resources,
     SelectorRequirement,
     SelectorTerm,
     Taint,
     Toleration,
     Unschedulable,
 )
-from scheduler.placement import Request, filters, place
-from tests.unit.scheduler.builders import node, pod, snapshot
+from scheduler.placement import Request, demand, filters, place
+from tests.unit.scheduler.builders import GIB, node, pod, snapshot
 
 KEYS = names.DEFAULT_TOPOLOGY_KEYS
 KWOK = Taint(names.KWOK_TAINT, "fake", "NoSchedule")
@@ -283,3 +284,68 @@ def test_a_member_that_fits_only_some_nodes_names_why_the_others_refuse_it() -> 
         "only 1 of the 2 member(s) fit at once; 0/2 nodes are available: "
         f"1 Insufficient nvidia.com/gpu, 1 {filters.SELECTOR}."
     )
+
+
+def sized(name: str, *, gpus: int, cpu: int, memory_gib: int, **kw: Any) -> PodRequest:
+    made = pod(name, gpus=gpus, **kw)
+    return replace(made, requests=Resources(cpu * 1000, memory_gib * GIB, gpus, 1))
+
+
+def test_a_small_pod_keeps_off_the_scarce_node_that_alone_fits_the_biggest_pods() -> None:
+    # Three plentiful 8-GPU nodes of 96 CPUs and 384 GiB, one scarce one of 128 CPUs and 768
+    # GiB: the only home of an 8-GPU pod asking 120 CPUs. A 1-GPU pod asking 18 CPUs and 63 GiB
+    # strands less CPU per GPU on the scarce node, but it goes to a plentiful one, every time.
+    nodes = [node(f"std{i}", cpu=96, memory_gib=384) for i in range(3)]
+    nodes.append(node("big", cpu=128, memory_gib=768))
+    snap = snapshot(nodes)
+    for i in range(8):
+        small = sized(f"small{i}", gpus=1, cpu=18, memory_gib=63)
+        assert placed(place(request([small]), snap.nodes))[f"small{i}"].startswith("std")
+    # And the biggest pod still finds its node once the small ones are placed.
+    pods = [
+        replace(sized(f"s{i}", gpus=1, cpu=18, memory_gib=63), node=NodeName(f"std{i % 3}"))
+        for i in range(9)
+    ]
+    biggest = sized("biggest", gpus=8, cpu=120, memory_gib=720)
+    assert placed(place(request([biggest]), snapshot(nodes, pods).nodes)) == {"biggest": "big"}
+
+
+def test_a_gang_leaves_the_only_rack_a_bigger_gang_could_use() -> None:
+    # rack-a: 4 nodes of 128 CPUs and 768 GiB; rack-b: 6 of 96 CPUs and 384 GiB. A gang of four
+    # 8-GPU members asking 64 CPUs fits both racks, and rack-a is the tighter fit (no GPU left
+    # over); it goes to rack-b, so that a gang of four members asking 120 CPUs each, which only
+    # rack-a can hold, still fits.
+    nodes = [node(f"a{i}", rack="rack-a", cpu=128, memory_gib=768) for i in range(4)]
+    nodes += [node(f"b{i}", rack="rack-b", cpu=96, memory_gib=384) for i in range(6)]
+    first = [sized(f"f{i}", gpus=8, cpu=64, memory_gib=256, gang="first") for i in range(4)]
+    result = place(request(first, required=names.RACK_LABEL), snapshot(nodes).nodes)
+    assert set(placed(result).values()) <= {f"b{i}" for i in range(6)}
+    where = placed(result)
+    bound = [replace(p, node=NodeName(where[p.name])) for p in first]
+    bigger = [sized(f"g{i}", gpus=8, cpu=120, memory_gib=720, gang="bigger") for i in range(4)]
+    result = place(request(bigger, required=names.RACK_LABEL), snapshot(nodes, bound).nodes)
+    assert set(placed(result).values()) == {f"a{i}" for i in range(4)}
+
+
+def test_the_likely_pods_hosts_are_counted_as_filtering_every_node_would() -> None:
+    # The counts are kept between calls per node state; after changes, and after a switch to
+    # another cluster and back, they equal a count made from scratch.
+    def fresh(snap_nodes: Any) -> list[int]:
+        shapes = demand.demand_of(snap_nodes).shapes
+        return [
+            sum(
+                s.free.gpu >= g and s.free.cpu_milli >= c and s.free.memory >= m and s.free.gpu > 0
+                for s in snap_nodes.values()
+            )
+            for c, m, g in shapes
+        ]
+
+    nodes = [node(f"std{i}", cpu=96, memory_gib=384) for i in range(3)]
+    nodes.append(node("big", cpu=128, memory_gib=768))
+    other = [node("x", gpus=4, cpu=32, memory_gib=128)]
+    bound: list[PodRequest] = []
+    for i in range(6):
+        snap = snapshot(nodes, bound)
+        assert demand.demand_of(snap.nodes).hosts == fresh(snap.nodes)
+        assert demand.demand_of(snapshot(other).nodes).hosts == fresh(snapshot(other).nodes)
+        bound.append(sized(f"s{i}", gpus=2, cpu=30, memory_gib=100, node=f"std{i % 3}"))
