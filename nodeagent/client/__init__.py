@@ -8,7 +8,7 @@ a training image built before the move keeps running unchanged). New code import
 :mod:`shoal_worker`.
 
 ``python -m nodeagent.client.discover`` (Horovod host discovery) stays here: it reads pods from
-the API server with the agent's Kubernetes client (``nodeagent/k8s/discover.py``).
+the API server with the agent's Kubernetes client (``nodeagent/adapters/k8s/discover.py``).
 """
 
 from shoal_worker import AgentBusy, LeaveNotice, NoticeClient, NoticeRefused, PodIdentity
