@@ -22,9 +22,7 @@ import os
 from datetime import datetime
 from pathlib import Path
 
-from shoal_worker.contract import LEAVE_BY_FILE_ENV, parse_time
-
-ENV = LEAVE_BY_FILE_ENV
+from shoal_worker.contract import parse_time
 
 
 def read_leave_by(path: str | os.PathLike[str]) -> datetime | None:
