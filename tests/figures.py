@@ -4,6 +4,10 @@ A test calls ``record("scheduler kills", "kills injected", 50)``; the session pr
 figure under its section after the test summary and writes them to
 ``$SHOAL_RELIABILITY_OUT`` (default ``build/reliability.json``), which is where
 ``docs/reliability.md`` takes its numbers from.
+
+Under pytest-xdist each worker records into its own process: it hands its figures back with
+``dumped()`` when it finishes, and the controller, which prints and saves them, takes each
+worker's in with ``merge()`` (``tests/conftest.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,18 @@ def record(section: str, name: str, value: object) -> None:
 
 def recorded() -> dict[str, dict[str, object]]:
     return {section: dict(values) for section, values in _FIGURES.items()}
+
+
+def dumped() -> str:
+    """Every figure recorded in this process, as JSON, for ``merge`` in another one."""
+    return json.dumps(recorded(), sort_keys=True, default=str)
+
+
+def merge(text: str) -> None:
+    """Take in the figures another process ``dumped``."""
+    for section, values in json.loads(text).items():
+        for name, value in values.items():
+            record(section, name, value)
 
 
 def output_path() -> Path:
