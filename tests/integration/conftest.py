@@ -1,11 +1,14 @@
 """One devcluster for the whole test session, started from the cached binaries.
 
+Under pytest-xdist each worker is a session of its own, with its own devcluster (on free ports),
+so tests on different workers never see each other's nodes, CRDs or cluster-wide objects.
 The components are started with ``die_with_parent`` so a killed test run leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import uuid
@@ -17,7 +20,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from devcluster import build, cluster, nodes
+from devcluster import build, cluster, nodes, versions
 from tests.integration.history import History
 
 
@@ -45,7 +48,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def bin_dir() -> Path:
-    return build.build()
+    """The cached control-plane binaries; xdist workers take turns, so only one builds."""
+    root = versions.cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / ".build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return build.build()
 
 
 @pytest.fixture(scope="session")
