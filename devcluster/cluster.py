@@ -317,7 +317,7 @@ def up(run_dir: Path, bin_dir: Path, options: Options = Options(), *, say: Say =
         for proc in reversed(procs):
             process.stop(proc, grace=3)
         if network is not None:
-            realnode.delete_bridge(network)
+            realnode.abandon(network, run_dir)
         raise
 
     cluster = Cluster(
@@ -342,6 +342,7 @@ def down(run_dir: Path, *, say: Say = _say) -> list[str]:
     stubborn = []
     if cluster.real_nodes:
         stubborn += realnode.teardown(realnode.RealNodes.from_json(cluster.real_nodes), say=say)
+        realnode.release_machine(run_dir)
     for proc in reversed(cluster.procs):
         if not process.stop(proc):
             stubborn.append(proc.name)
@@ -401,6 +402,7 @@ def _prepare_real_nodes(run_dir: Path, options: Options, say: Say) -> Prepared:
         raise StartError(f"this machine cannot run {options.real_nodes} real nodes: {reason}")
     binaries = realnode.ensure(say=say)
     network = realnode.network_for(run_dir)
+    realnode.claim_machine(run_dir, say=say)  # released by down, or below when up fails
     realnode.clear_node_state(say=say)
     before = realnode.existing_fixed_paths()
     realnode.delete_bridge(network)  # one a killed run left

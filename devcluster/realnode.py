@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import gzip
 import hashlib
 import io
@@ -767,6 +768,90 @@ def _wait_for(what: str, check: Callable[[], bool], timeout: float, proc: Proc) 
 
 def existing_fixed_paths() -> set[str]:
     return {p for p in FIXED_HOST_PATHS if os.path.lexists(p)}
+
+
+#: One devcluster with real nodes runs on a machine at a time: they share the kubelet's fixed
+#: host paths, containerd's, CNI's and the agent's folders. This file names the run folder of
+#: the cluster that holds the machine (and the process that claimed it).
+MACHINE_CLAIM: Final = Path("/run/shoal-devcluster-real-nodes.json")
+_CLAIM_LOCK: Final = Path("/run/shoal-devcluster-real-nodes.lock")
+
+
+def claim_machine(run_dir: Path, *, timeout: float = 1800.0, say: Say = _say) -> None:
+    """Wait until no other devcluster's real nodes run on this machine, then hold it for
+    ``run_dir`` until :func:`release_machine`. A holder is gone once the process that claimed
+    it and every process of its real nodes have exited (a run killed before ``down``)."""
+    run_dir = run_dir.resolve()
+    deadline = time.monotonic() + timeout
+    waiting_for = None
+    while True:
+        with _CLAIM_LOCK.open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            holder = _holder()
+            if holder is None or holder["run_dir"] == str(run_dir) or not _holder_alive(holder):
+                holder = _kubelet_running()  # a cluster started by code without this claim
+            if holder is None or holder["run_dir"] == str(run_dir):
+                MACHINE_CLAIM.write_text(json.dumps({"run_dir": str(run_dir), "pid": os.getpid()}))
+                return
+        if time.monotonic() > deadline:
+            raise StartError(
+                f"the real nodes of the devcluster in {holder['run_dir']} still run on this "
+                f"machine after {timeout:.0f} s; one devcluster with real nodes runs at a time"
+            )
+        if waiting_for != holder["run_dir"]:
+            waiting_for = holder["run_dir"]
+            say(f"devcluster: waiting for the real nodes of {waiting_for} to go (one at a time)")
+        time.sleep(2)
+
+
+def release_machine(run_dir: Path) -> None:
+    run_dir = run_dir.resolve()
+    with _CLAIM_LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        holder = _holder()
+        if holder is not None and holder["run_dir"] == str(run_dir):
+            MACHINE_CLAIM.unlink(missing_ok=True)
+
+
+def abandon(network: Network, run_dir: Path) -> None:
+    """An ``up`` that failed: the host bridge goes and the machine is free again."""
+    delete_bridge(network)
+    release_machine(run_dir)
+
+
+def _kubelet_running() -> dict[str, Any] | None:
+    """A kubelet of this project's build running on the machine, as a holder (its root)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"/kubelet") and str(cache_root()).encode() in argv[0]:
+            roots = [a.decode(errors="replace") for a in argv if a.startswith(b"--root-dir=")]
+            return {"run_dir": f"the kubelet {entry.name} ({' '.join(roots)})"}
+    return None
+
+
+def _holder() -> dict[str, Any] | None:
+    try:
+        raw = json.loads(MACHINE_CLAIM.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return raw if isinstance(raw, dict) and "run_dir" in raw else None
+
+
+def _holder_alive(holder: dict[str, Any]) -> bool:
+    with contextlib.suppress(ProcessLookupError, PermissionError, TypeError, ValueError):
+        os.kill(int(holder.get("pid", 0)) or -1, 0)
+        return True
+    try:
+        state = json.loads((Path(holder["run_dir"]) / "state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    nodes = (state.get("real_nodes") or {}).get("nodes", [])
+    return any(process.alive(Proc.from_json(p)) for node in nodes for p in node.get("procs", []))
 
 
 def clear_node_state(*, say: Say = _say) -> None:

@@ -91,7 +91,17 @@ def keep_pod_logs(cluster: Devcluster, folder: Path) -> None:
     beside the devcluster's logs: ``down`` removes the node's own copies."""
     core = client.CoreV1Api(cluster.api)
     folder.mkdir(parents=True, exist_ok=True)
-    for pod in core.list_namespaced_pod(RELEASE_NS).items:
+    pods = core.list_namespaced_pod(RELEASE_NS).items
+    (folder / "pods.json").write_text(
+        json.dumps([cluster.api.sanitize_for_serialization(p) for p in pods], indent=1)
+    )
+    events = core.list_namespaced_event(RELEASE_NS).items
+    (folder / "events.txt").write_text(
+        "".join(
+            f"{e.last_timestamp} {e.involved_object.name} {e.reason}: {e.message}\n" for e in events
+        )
+    )
+    for pod in pods:
         for container in pod.spec.containers:
             for previous in (False, True):
                 try:

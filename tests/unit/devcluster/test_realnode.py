@@ -9,7 +9,10 @@ import re
 import tarfile
 from pathlib import Path
 
+import pytest
+
 from devcluster import realnode
+from devcluster.errors import StartError
 from devcluster.versions import GO_DIR
 
 
@@ -51,3 +54,26 @@ def test_an_oci_archive_written_from_files_names_its_blobs_by_digest(tmp_path: P
             if member.name.startswith("blobs/sha256/"):
                 data = tar.extractfile(member).read()  # type: ignore[union-attr]
                 assert hashlib.sha256(data).hexdigest() == member.name.rsplit("/", 1)[1]
+
+
+@pytest.mark.reliability
+def test_one_devcluster_with_real_nodes_holds_the_machine_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs with real nodes at once shared /var/lib/kubelet and the agent's folders: one
+    started its kubelet elsewhere (its agent found no pod-resources folder) and one wiped the
+    other's agent state. A second claim waits for the first to go; a holder whose processes
+    have all exited (killed before ``down``) frees the machine."""
+    monkeypatch.setattr(realnode, "MACHINE_CLAIM", tmp_path / "claim.json")
+    monkeypatch.setattr(realnode, "_CLAIM_LOCK", tmp_path / "claim.lock")
+    first, second = tmp_path / "first", tmp_path / "second"
+    realnode.claim_machine(first)
+    with pytest.raises(StartError, match="one devcluster with real nodes runs at a time"):
+        realnode.claim_machine(second, timeout=0)
+    realnode.release_machine(first)
+    realnode.claim_machine(second, timeout=0)
+
+    # A holder killed before down: no process of it is left (no such pid, no state file).
+    (tmp_path / "claim.json").write_text(json.dumps({"run_dir": str(first), "pid": 2**22 + 7}))
+    realnode.claim_machine(second, timeout=0)
+    assert json.loads((tmp_path / "claim.json").read_text())["run_dir"] == str(second.resolve())
