@@ -61,6 +61,14 @@ def restart(devcluster: Devcluster, name: str, stopped: Callable[[], None] | Non
     return time.monotonic() - started
 
 
+def made_more(maker: GangMaker, count: int, what: str) -> None:
+    """Wait until ``maker`` has finished ``count`` more gangs. Its thread makes one gang at a
+    time and enters the next before creating its pods, so a gang is finished once the one after
+    it is under way."""
+    target = len(maker.made) + count + 1
+    eventually(lambda: len(maker.made) >= target, timeout=120, what=what)
+
+
 def test_restarts_under_load_lose_nothing_and_bind_nothing_twice(
     devcluster: Devcluster,
     pool: Pool,
@@ -93,21 +101,21 @@ def test_restarts_under_load_lose_nothing_and_bind_nothing_twice(
         for _ in range(4):
             maker.one()
         maker.start()
-        time.sleep(2)
+        made_more(maker, 3, "gangs made before the restarts")
 
         # kube-apiserver restarted while gangs are being created.
         maker.phase = "during"
         recovery = [restart(devcluster, "kube-apiserver")]
-        time.sleep(3)
+        made_more(maker, 3, "gangs made after the API server's restart")
         # etcd restarted under the running API server (its watches to etcd break and resume).
         recovery.append(restart(devcluster, "etcd"))
-        time.sleep(3)
+        made_more(maker, 3, "gangs made after etcd's restart")
         # Both, one after the other, as an upgrade of a single control-plane node does.
         recovery.append(restart(devcluster, "etcd"))
         recovery.append(restart(devcluster, "kube-apiserver"))
         maker.phase = "after"
         restarted_at = time.monotonic()
-        time.sleep(3)
+        made_more(maker, 3, "gangs made after the last restarts")
         maker.stop()
         for _ in range(3):
             maker.one()
@@ -340,7 +348,12 @@ def test_throttling_and_a_frozen_etcd_slow_the_scheduler_down_but_lose_nothing(
         # The API server allows one request at a time (one mutating): the rest get 429.
         cluster.restart(handle, "kube-apiserver", argv=[*normal, *THROTTLE])
         maker.start()
-        time.sleep(8)
+        made_more(maker, 6, "gangs made through the throttled API server")
+        eventually(
+            lambda: throttled(scheduler) > 0,
+            timeout=60,
+            what="the throttled API server to turn the scheduler away (429)",
+        )
 
         # etcd stops answering for a while: every request the API server takes in waits on it
         # (the scheduler's requests time out on its side or the server's), then all resume.

@@ -323,18 +323,29 @@ def test_leader_killed_while_binding_the_standby_takes_over_and_binds_nothing_tw
     time.sleep(rng.uniform(0.0, BIND_INTERVAL * (cycle["placed_min"] - 1)))
     first.kill()
     killed_wall, killed = time.time(), time.monotonic()
-    time.sleep(0.5)  # binds the dead leader had sent land now, or never
-    by_first = pods.bound(every)
-    assert len(by_first) < len(every), "the leader finished the batch before it was killed"
-    torn = sum(1 for members in batch if 0 < len([p for p in members if p in by_first]) < 3)
+    # What the dead leader bound is read while the standby still stands by (it binds nothing
+    # before it leads, most of a lease duration later): the last reading taken before the
+    # standby says it leads has every bind the leader had sent, which landed then or never.
+    standing_by: list[dict[str, str]] = []
+
+    def standby_leads() -> bool:
+        bound = pods.bound(every)
+        if second.get("/readyz") == (200, "leader\n"):
+            return True
+        standing_by.append(bound)
+        return False
 
     eventually(
-        lambda: second.get("/readyz") == (200, "leader\n"),
+        standby_leads,
         timeout=lease_duration + 4 * retry_period + 10,
         interval=0.1,
         what="the standby to take the Lease",
     )
     takeover = time.monotonic() - killed
+    assert standing_by, "the standby led before the first look at the pods"
+    by_first = standing_by[-1]
+    assert len(by_first) < len(every), "the leader finished the batch before it was killed"
+    torn = sum(1 for members in batch if 0 < len([p for p in members if p in by_first]) < 3)
     eventually(lambda: len(pods.bound(every)) == len(every), what="the whole batch bound")
     final = pods.bound(every)
     bound_by_second = [
