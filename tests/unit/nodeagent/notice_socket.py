@@ -164,12 +164,12 @@ class SocketAgent:
         """Wait until the reconcile loop has run at least twice more and no API write is under
         way (all that is due is done)."""
         start = self.a.reconciler.turns
-        for _ in range(2):
-            self.loop.call_soon_threadsafe(self.a.reconciler.wake)
-            time.sleep(0.02)
+        self.loop.call_soon_threadsafe(self.a.reconciler.wake)
+        self.until(lambda: self.a.reconciler.turns >= start + 1, "the reconcile loop turned")
+        self.loop.call_soon_threadsafe(self.a.reconciler.wake)
         self.until(
             lambda: self.a.reconciler.turns >= start + 2 and self.a.executor.pending == 0,
-            "the reconcile loop turned and its writes were done",
+            "the reconcile loop turned again and its writes were done",
         )
 
     def until(self, check: Callable[[], T], what: str, seconds: float = 10.0) -> T:
