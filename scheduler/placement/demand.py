@@ -1,29 +1,33 @@
-"""What a placement costs the pods likely to come: expected GPU fragmentation (the FGD idea).
+"""What a placement costs the pods likely to come: the FGD idea, adapted to whole GPUs and gangs.
 
-Fragmentation Gradient Descent (Weng et al., "Beware of Fragmentation", USENIX ATC '23) scores
-a node by how much a placement grows the node's *expected fragmentation*: the free GPUs that a
-pod drawn from the expected workload could not use there, weighted by how likely each pod shape
-is. Here GPUs are whole, so a node's free GPUs are fragmented for a shape exactly when the shape
-does not fit the node's free CPU, memory and GPUs; the measure of a node with ``free`` left is
+Fragmentation Gradient Descent (Weng et al., "Beware of Fragmentation", USENIX ATC '23) scores a
+node by what a placement takes from the pods expected to arrive, weighted by how often they come.
+Here GPUs are whole, so what a placement can take from a pod shape is a node that could hold it:
+a node holds a shape while its free CPU, memory and GPUs all cover it. A placement costs, for
+every likely shape the node held before and does not after,
 
-    frag(free) = free.gpu * sum(weight(s) for s in shapes if s does not fit free)
+    weight(shape) * gpus(shape) / hosts(shape)   (times the number of nodes)
 
-and a placement costs ``frag(free - request) - frag(free)`` (negative when it uses GPUs that no
-likely shape could use anyway). A node that alone fits the big shapes has no fragmentation for
-them, so taking a piece of it costs the most: such nodes are used last, and a node already too
-small for them is used first.
+where ``hosts`` is how many nodes hold the shape now: losing one of 600 hosts of a shape costs
+little, losing one of the 39 nodes that alone hold the biggest pods costs much, and losing the
+last one costs the shape's whole weight. The count is over the whole cluster, not the one node
+scored (FGD's own measure looks at one node at a time, and would send a mid-size pod to the
+node with the most CPU and memory per GPU, which keeps the most room on that node — the scarce
+node the biggest pods need). A placement that takes nothing a likely shape could use costs 0:
+filling a node already too small for the big shapes is free.
 
-The expected workload (:class:`Demand`) is read from the cluster itself, so that the score
-needs nothing but the nodes it places on: for every GPU node shape (allocatable CPU, memory and
-GPUs) and every power-of-two GPU count up to its GPUs, the pod that asks for that share of the
-node (2 GPUs of an 8-GPU, 96-CPU node: 2 GPUs and 24 CPUs), weighted by how many nodes have that
-shape. Whole-node pods of the scarce big shapes are then in the workload, and a cluster's
-plentiful shapes weigh the most.
+The likely shapes are read from the cluster itself, so that the score needs nothing but the
+nodes it places on: for every GPU node shape (allocatable CPU, memory and GPUs) and every
+power-of-two GPU count up to its GPUs, the pod asking for that share of the node (2 GPUs of an
+8-GPU, 96-CPU node: 2 GPUs and 24 CPUs), weighted by how many nodes have that shape. The
+whole-node pods of the scarce big shapes are then in the workload, and the plentiful shapes
+weigh the most.
 
-:func:`demand_of` keeps the node shape counts between decisions (per node object, so a decision
-touches only the nodes whose object changed) and one :class:`Demand` per set of counts, whose
-fragmentation values are memoised per free amount. Like the filters' memo, it is used by one
-scheduling thread at a time and changes nothing a placement returns.
+:func:`demand_of` keeps the node shape counts and the hosts per likely shape between calls, per
+node state object (a call re-reads only the nodes whose state changed, as the cache hands
+unchanged nodes over as the same objects); the shapes a free amount holds are memoised. Like
+the filters' memo it is used by one scheduling thread at a time, and what it returns is what
+counting every node would give (a unit test compares the two).
 """
 
 from __future__ import annotations

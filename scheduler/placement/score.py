@@ -19,11 +19,13 @@ Pure and additive; the weights say what wins over what:
 7. Plenty (``PLENTIFUL``): among equals, the node whose shape (allocatable CPU, memory, GPUs)
    the most nodes share, so that the scarce shapes are kept for the pods only they can hold.
 
-Above the tight fit comes the expected fragmentation (``FRAGMENT``, per GPU): what the placement
-costs the pods likely to come, FGD adapted to whole GPUs (:mod:`scheduler.placement.demand`):
-the growth of the free GPUs on the node that a likely pod shape could not use. It keeps the
-nodes that alone fit the biggest shapes for last, and fills first the nodes that the big shapes
-could not use anyway.
+Beside the tight fit, on the same scale (GPUs), comes what the placement costs the pods likely
+to come (``FRAGMENT``; :mod:`scheduler.placement.demand`, the FGD idea adapted to whole GPUs):
+the likely pod shapes the node could hold before and cannot after, each weighted by its share
+of the likely GPUs over the number of nodes that still hold it. It keeps the nodes that alone
+hold the biggest shapes for last, and fills first the nodes the big shapes could not use anyway.
+It and ``PLENTIFUL`` are off in a ``Weights`` that does not ask for them (the simulator's
+best-fit and least-allocated) and on in :data:`DEFAULT_WEIGHTS` (Shoal's).
 
 Ties left after all of this (nodes of one shape with as much free) are broken by a hash of pod
 and node name in the search, never by name order (which would pile every small pod onto the

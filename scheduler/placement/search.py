@@ -285,9 +285,7 @@ def _narrowest_first(search: _Search) -> Placement | Unschedulable:
     levels = [k for k in reversed(request.topology_keys) if k != request.preferred]
     if request.preferred:
         levels.insert(0, request.preferred)
-    narrowest = next(
-        (k for k in levels if any(k in nodes[n].node.labels for n in search.union)), None
-    )
+    narrowest = next((k for k in levels if _carried(search, k)), None)
     bound = _bound_domains(request, nodes)
     for key in levels:
         found = search.first_fit(_domains_to_try(search, key, bound.get(key)), narrowest)
@@ -338,11 +336,23 @@ class _Usable:
     nodes: Collection[NodeName]
 
 
+def _carried(search: _Search, key: str) -> bool:
+    """Whether some node a pod fits on has the label ``key`` (none does when the snapshot's
+    domains track ``key`` and have no value of it)."""
+    index = search.domains.of(key) if search.domains is not None else None
+    if index is not None and not index:
+        return False
+    nodes = search.nodes
+    return any(key in nodes[n].node.labels for n in search.union)
+
+
 def _usable(search: _Search, key: str) -> dict[str, _Usable]:
     """The domains of ``key`` that hold a node some pod fits on. From the snapshot's totals
     less the nodes no pod fits on when those are the fewer; else summed over the feasible
     nodes."""
     index = search.domains.of(key) if search.domains is not None else None
+    if index is not None and not index:  # no node has the label
+        return {}
     if index is not None and len(search.union) > len(search.nodes) - len(search.union):
         return _usable_from_totals(search, key, index)
     return _usable_summed(search.union, search.nodes, key)
@@ -564,23 +574,32 @@ def _best_node(
     best = 0.0
     best_name: NodeName | None = None
     best_tie: float | None = None  # the best node's tie_break, hashed only when a tie needs it
+    # The score is a function of these, and many nodes share them (empty nodes of one shape):
+    # each is scored once.
+    scored: dict[tuple[object, ...], float] = {}
     for name in names:
         free, islands = room.on(name)
-        if filters.resources_fit(pod.requests, free) is not None:
+        if filters.resources_fit(requests, free) is not None:
             continue
         node = room.nodes[name].node
         value = node.labels.get(together_key) if together_key is not None else None
-        score = node_score(
-            requests,
-            node,
-            free,
-            islands,
-            surplus=request.surplus,
-            together=value is not None and value in used,
-            weights=request.weights,
-            fragment=demand.cost(requests, free) if demand is not None else 0.0,
-            plenty=demand.plenty(node) if demand is not None else 0.0,
-        )
+        together = value is not None and value in used
+        key = (node.allocatable, node.spot, together, free, islands)
+        known = scored.get(key)
+        if known is not None:
+            score = known
+        else:
+            score = scored[key] = node_score(
+                requests,
+                node,
+                free,
+                islands,
+                surplus=request.surplus,
+                together=together,
+                weights=request.weights,
+                fragment=demand.cost(requests, free) if demand is not None else 0.0,
+                plenty=demand.plenty(node) if demand is not None else 0.0,
+            )
         if best_name is None or score > best:
             best, best_name, best_tie = score, name, None
         elif score == best:
