@@ -191,11 +191,12 @@ class _Search:
     def first_fit(
         self, domains: Iterable[tuple[str, Collection[NodeName]]], key: str | None
     ) -> Placement | None:
-        """The placement in the first of ``domains`` (in order) that holds every pod; with a
-        demand, the one of the first :data:`DOMAIN_CHOICES` that hold every pod whose
-        placement costs the likely pods least (the earliest among equals), so that a gang
-        does not take the only domain a bigger gang could use."""
-        if self.demand is None:
+        """The placement in the first of ``domains`` (in order) that holds every pod; for a
+        gang of several pods with a demand, the one of the first :data:`DOMAIN_CHOICES` that
+        hold every pod whose placement costs the likely pods least (the earliest among
+        equals), so that a gang does not take the only domain a bigger gang could use. A lone
+        pod takes the first (the tightest), which keeps the other domains whole for gangs."""
+        if self.demand is None or len(self.pods) < 2:
             for _, group in domains:
                 found = self.attempt(group, key)
                 if found is not None:
