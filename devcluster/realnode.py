@@ -399,8 +399,35 @@ class Network:
 
 
 def network_for(run_dir: Path) -> Network:
+    """The run folder's network: its tag from the folder's name, and the first /16 from the
+    folder's place in 10.200-249 that no other interface of the host uses (a bridge a killed run
+    left with the same /24 takes the host's route, and the node cannot reach the API server).
+    The same folder gets the same network while its bridge stands."""
     digest = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()
-    return Network(tag=digest[:6], octet=200 + int(digest[6:10], 16) % 50)
+    tag = digest[:6]
+    taken = _octets_in_use(but=Network(tag=tag, octet=0).bridge)
+    start = int(digest[6:10], 16) % 50
+    for step in range(50):
+        octet = 200 + (start + step) % 50
+        if octet not in taken:
+            return Network(tag=tag, octet=octet)
+    raise StartError("every 10.200-249.0.0/16 is in use by an interface of this host")
+
+
+def _octets_in_use(*, but: str) -> set[int]:
+    """Second octets of the host's 10.200-249 addresses, on interfaces other than ``but``."""
+    listed = subprocess.run(
+        ["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=False
+    ).stdout
+    taken = set()
+    for line in listed.splitlines():
+        fields = line.split()
+        if len(fields) < 4 or fields[1] == but or not fields[3].startswith("10."):
+            continue
+        second = fields[3].split(".")[1]
+        if second.isdigit() and 200 <= int(second) < 250:
+            taken.add(int(second))
+    return taken
 
 
 @dataclass(slots=True)
