@@ -66,6 +66,7 @@ def test_one_devcluster_with_real_nodes_holds_the_machine_at_a_time(
     have all exited (killed before ``down``) frees the machine."""
     monkeypatch.setattr(realnode, "MACHINE_CLAIM", tmp_path / "claim.json")
     monkeypatch.setattr(realnode, "_CLAIM_LOCK", tmp_path / "claim.lock")
+    monkeypatch.setattr(realnode, "_kubelet_running", lambda: None)  # the machine's own
     first, second = tmp_path / "first", tmp_path / "second"
     realnode.claim_machine(first)
     with pytest.raises(StartError, match="one devcluster with real nodes runs at a time"):
