@@ -72,6 +72,7 @@ METADATA_IP: Final = "169.254.169.254"
 #: (``clear_node_state`` at ``up``) and ``teardown`` removes them whether or not they existed
 #: before, so no cluster's agent starts from another cluster's pod file or socket.
 NODE_STATE_PATHS: Final = ("/run/shoal", "/var/lib/shoal-agent")
+KUBELET_ROOT: Final = "/var/lib/kubelet"
 #: Host paths a kubelet or containerd writes whatever its configuration says, and the node
 #: state folders; ``teardown`` removes each that did not exist before (and the node state).
 FIXED_HOST_PATHS: Final = (
@@ -882,7 +883,15 @@ def _holder_alive(holder: dict[str, Any]) -> bool:
 
 
 def clear_node_state(*, say: Say = _say) -> None:
-    """Remove the node state folders an earlier cluster left (one killed before ``down``)."""
+    """Remove the node state folders an earlier cluster left (one killed before ``down``), and
+    its kubelet root at /var/lib/kubelet (mounts under it detached first): the machine is this
+    cluster's (:func:`claim_machine`), and a first node that found it would run its kubelet
+    elsewhere, where the chart's agent does not look for the pod-resources socket."""
+    if os.path.lexists(KUBELET_ROOT):
+        for point in sorted((p for p in _mounts() if _under(p, [KUBELET_ROOT])), key=len)[::-1]:
+            _umount(point)
+        shutil.rmtree(KUBELET_ROOT, ignore_errors=True)
+        say(f"devcluster: removed {KUBELET_ROOT}, left by an earlier real node")
     for path in NODE_STATE_PATHS:
         if os.path.lexists(path):
             shutil.rmtree(path, ignore_errors=True)

@@ -70,11 +70,19 @@ def pod(name: str, host_dir: Path) -> dict[str, Any]:
     }
 
 
+#: What ``up`` removes when an earlier cluster left it: not compared before and after.
+CLEARED_AT_UP = {*realnode.NODE_STATE_PATHS, realnode.KUBELET_ROOT}
+
+
+def _mounts() -> set[str]:
+    return {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
+
+
 def _snapshot(run_dir: Path) -> dict[str, set[str]]:
     """What a real node could leave on the host: mounts, network namespaces and links, cgroups
     named after the run, the fixed host paths, and processes of the run."""
     tag = realnode.network_for(run_dir).tag
-    mounts = {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
+    mounts = _mounts()
     netns = set(
         subprocess.run(
             ["ip", "netns", "list"], capture_output=True, text=True, check=True
@@ -101,11 +109,11 @@ def _snapshot(run_dir: Path) -> dict[str, set[str]]:
             if str(run_dir).encode() in argv or f"/run/shn{tag}".encode() in argv:
                 processes.add(entry.name)
     return {
-        "mounts": {m for m in mounts if str(run_dir) in m or m.startswith("/var/lib/kubelet")},
+        "mounts": {m for m in mounts if str(run_dir) in m},
         "netns": {n for n in netns if tag in n},
         "links": {link for link in links if tag in link or link.startswith("cni0")},
         "cgroups": cgroups,
-        "paths": (realnode.existing_fixed_paths() - set(realnode.NODE_STATE_PATHS))
+        "paths": (realnode.existing_fixed_paths() - CLEARED_AT_UP)
         | set(map(str, Path("/run").glob(f"shn{tag}*"))),
         "processes": processes,
     }
@@ -148,6 +156,8 @@ def test_down_leaves_nothing_of_a_real_node_behind(bin_dir: Path, tmp_path: Path
     after = _snapshot(run_dir)
     assert after == before
     assert not [p for p in realnode.NODE_STATE_PATHS if os.path.lexists(p)]
+    assert not os.path.lexists(realnode.KUBELET_ROOT)
+    assert not [m for m in _mounts() if m.startswith(realnode.KUBELET_ROOT)]
     assert not any(Path(m).exists() for m in during["mounts"] if str(run_dir) in m)
     assert os.path.exists(run_dir / "logs")
 
