@@ -349,3 +349,16 @@ def test_the_likely_pods_hosts_are_counted_as_filtering_every_node_would() -> No
         assert demand.demand_of(snap.nodes).hosts == fresh(snap.nodes)
         assert demand.demand_of(snapshot(other).nodes).hosts == fresh(snapshot(other).nodes)
         bound.append(sized(f"s{i}", gpus=2, cpu=30, memory_gib=100, node=f"std{i % 3}"))
+
+
+def test_equal_scores_go_to_the_most_plentiful_node_shape_not_a_hash() -> None:
+    # CPU-only nodes of two shapes, and pods asking nothing that tells them apart: every score
+    # term is equal, and the three nodes of the common shape take every pod.
+    nodes = [node(f"common{i}", gpus=0, cpu=32) for i in range(3)]
+    nodes.append(node("rare", gpus=0, cpu=64))
+    snap = snapshot(nodes)
+    chosen = {
+        placed(place(request([sized(f"p{i}", gpus=0, cpu=0, memory_gib=0)]), snap.nodes))[f"p{i}"]
+        for i in range(12)
+    }
+    assert chosen <= {"common0", "common1", "common2"}
