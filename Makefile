@@ -44,7 +44,7 @@ integration: devcluster browser
 	$(PY) -m pytest tests/integration
 
 # Lint, type-check, layer contracts, then every test (unit and integration) in one run.
-test: lint devcluster browser
+test: lint devcluster browser images
 	$(PY) -m pytest
 
 demo: devcluster
