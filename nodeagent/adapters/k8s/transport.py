@@ -111,11 +111,13 @@ class Stream:
 
     def close(self) -> None:
         """End the answer, also from another thread blocked reading it: the socket is shut
-        down first (closing alone can wait for that read)."""
+        down first (closing alone can wait for that read). The connection is closed, never
+        handed back to the pool: the reading thread may still be inside a TLS read on it, and
+        a request sent on it meanwhile would interleave with that read (the API server then
+        answers with a TLS decode-error alert)."""
         with contextlib.suppress(Exception):
             self.response.shutdown()
         with contextlib.suppress(Exception):
-            self.response.release_conn()
             self.response.close()
 
 
