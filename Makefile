@@ -43,9 +43,13 @@ unit: $(STAMP)
 integration: devcluster browser
 	$(PY) -m pytest tests/integration
 
-# Lint, type-check, layer contracts, then every test (unit and integration) in one run.
+# Lint, type-check, layer contracts, then every test (unit and integration) in one run, on
+# TEST_WORKERS pytest-xdist workers, each with its own devcluster (most of a test's time is spent
+# waiting on the cluster, so more workers than cores pay). A module or folder that shares one
+# costly fixture runs on one worker (tests/conftest.py). TEST_WORKERS=0 runs them in one process.
+TEST_WORKERS ?= 4
 test: lint devcluster browser images
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 demo: devcluster
 	$(PY) -m demo

@@ -7,6 +7,7 @@ controller when it finishes (``workeroutput``), and the controller prints and sa
 from __future__ import annotations
 
 import os
+import tempfile
 from typing import Any
 
 import pytest
@@ -14,6 +15,13 @@ import pytest
 from tests import figures
 
 FIGURES_KEY = "shoal_reliability_figures"
+
+# Node agents that tests run as host processes keep their pod file in a folder of this test
+# process, never in the default /var/lib/shoal-agent: that is the real node's hostPath, and an
+# agent run as root there leaves a file the real node's agent (uid 65532) cannot read.
+os.environ.setdefault(
+    "SHOAL_STATE_DIR", tempfile.mkdtemp(prefix=f"shoal-agent-state-{os.getpid()}-")
+)
 #: Folders whose tests share one costly session fixture (set up again by every worker that
 #: draws one of them): each runs on one worker. The real node: a kubelet, containerd and the
 #: images, which the machine holds once.
