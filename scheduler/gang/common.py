@@ -45,16 +45,6 @@ def priority(pods: Sequence[PodRequest]) -> int:
     return max(p.priority for p in pods)
 
 
-def agreed(pods: Sequence[PodRequest], annotation: str) -> str | CountError | None:
-    """The one value the members give for ``annotation`` (``None`` when none gives one)."""
-    values = sorted({p.annotations[annotation] for p in pods if annotation in p.annotations})
-    if len(values) > 1:
-        return CountError(
-            f"members disagree on annotation {annotation}: {', '.join(repr(v) for v in values)}"
-        )
-    return values[0] if values else None
-
-
 def maximum(
     annotations: Mapping[str, str], minimum: int, member_count: int, where: str
 ) -> int | CountError:
