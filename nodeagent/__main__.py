@@ -1,5 +1,4 @@
-import sys
-
+from common.leave import leave
 from nodeagent.wiring.cli import main
 
-sys.exit(main())
+leave(main())

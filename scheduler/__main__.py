@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from common.leave import leave
 from scheduler.settings import SettingsError, resolve
 
 
@@ -19,4 +20,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

@@ -24,12 +24,16 @@ from scheduler.cache import Cache
 from scheduler.cycle import Config
 from scheduler.k8s.client import FencedApi, KubeconfigError, TokenBucket, api_client
 from scheduler.k8s.lease import LeaderElector
+from scheduler.k8s.risk_store import RiskKeeper, RiskStore, read_seed
 from scheduler.k8s.status import ApiBinder, ApiReporter
 from scheduler.k8s.view import ClusterView
 from scheduler.k8s.webhook_config import PodEvents
+from scheduler.loss import ProgressCost
 from scheduler.metrics import Metrics
+from scheduler.placement.risk import Pool, RiskLedger
+from scheduler.placement.shapes import ShapeLedger
 from scheduler.runner import Runner, Settings
-from scheduler.settings import CliSettings, split_address
+from scheduler.settings import CliSettings, SettingsError, split_address
 from scheduler.web import server as web_view
 from scheduler.web.feed import Feed, Tee
 from scheduler.webhook import serving
@@ -50,7 +54,11 @@ def run(settings: CliSettings) -> int:
         # Names the file and where in it, never a value (kubeconfigs hold tokens and keys).
         print(f"python -m scheduler: cannot load {exc}", file=sys.stderr)
         return 2
-    program = _wire(settings, api, workers)
+    try:
+        program = _wire(settings, api, workers)
+    except SettingsError as exc:
+        print(f"python -m scheduler: {exc}", file=sys.stderr)
+        return 2
     program.start()
     log.info(
         "started",
@@ -87,12 +95,16 @@ class _Program:
     stall_timeout: float
     #: What the web view shows (``--web-view``); ``None`` when it is off.
     feed: Feed | None = None
+    #: Writes the learned revocation counts (``--capacity-risk``); ``None`` when it is off.
+    risk: RiskKeeper | None = None
 
     def start(self) -> None:
         """Informers first, then the lease, then the scheduling loop that waits for both."""
         self.view.start()
         if self.elector is not None:
             self.elector.start()
+        if self.risk is not None:
+            self.risk.start()
         self.loop.start()
 
     def shutdown(self) -> None:
@@ -100,9 +112,12 @@ class _Program:
         self.stop.set()
         self.runner.wake()
         self.view.stop()
+        self.loop.join(timeout=10)
+        self.view.join(timeout=5)
+        if self.risk is not None:
+            self.risk.stop()  # its last write, while this replica still leads
         if self.elector is not None:
             self.elector.stop()
-        self.loop.join(timeout=10)
         self.runner.close()
         self.reporter.close()
         self.wiring_events.close()
@@ -156,11 +171,12 @@ def _wire(settings: CliSettings, api: Any, workers: int) -> _Program:
     metrics.status_backlog.set_function(lambda: reporter.backlog)
     binder = ApiBinder(writes, limiter, cache.has_node)
     feed = Feed(name) if settings.web_view else None
+    ledger, keeper = _capacity_risk(settings, api, name, lambda: _may_schedule(view, elector))
     runner = Runner(
         cache,
         binder,
         reporter if feed is None else Tee(reporter, feed),
-        _runner_settings(settings, name, workers),
+        _runner_settings(settings, name, workers, ledger),
         metrics,
         observe=None if feed is None else feed.observe,
     )
@@ -188,18 +204,61 @@ def _wire(settings: CliSettings, api: Any, workers: int) -> _Program:
         loop=loop,
         stall_timeout=float(settings.stall_timeout),
         feed=feed,
+        risk=keeper,
     )
 
 
-def _runner_settings(settings: CliSettings, name: str, workers: int) -> Settings:
+def _capacity_risk(
+    settings: CliSettings, api: Any, name: str, may_write: Callable[[], bool]
+) -> tuple[RiskLedger | None, RiskKeeper | None]:
+    """The revocation-rate ledger, read from its ConfigMap and the operator's table, and the
+    thread that keeps it there; none with ``--capacity-risk=false``."""
+    if not settings.capacity_risk:
+        return None, None
+    seed: dict[Pool, float] = {}
+    if settings.capacity_risk_seed:
+        path = str(settings.capacity_risk_seed)
+        try:
+            with open(path, encoding="utf-8") as f:
+                seed = read_seed(f.read(), path)
+        except (OSError, ValueError) as exc:
+            raise SettingsError(f"--capacity-risk-seed: {exc}") from exc
+    ledger = RiskLedger(window=float(settings.capacity_risk_window))
+    store = RiskStore(
+        api,
+        str(settings.lease_namespace),
+        str(settings.capacity_risk_configmap or f"{name}-capacity-risk"),
+    )
+    keeper = RiskKeeper(
+        store,
+        ledger,
+        seed=seed,
+        interval=float(settings.capacity_risk_write_interval),
+        may_write=may_write,
+    )
+    keeper.load()
+    return ledger, keeper
+
+
+def _runner_settings(
+    settings: CliSettings, name: str, workers: int, risk: RiskLedger | None = None
+) -> Settings:
     """The loop's settings, taken from the command line."""
     return Settings(
         scheduler_name=name,
         bind_workers=workers,
-        config=Config(topology_keys=tuple(settings.topology_keys), reclaim=bool(settings.reclaim)),
+        config=Config(
+            topology_keys=tuple(settings.topology_keys),
+            reclaim=bool(settings.reclaim),
+            victim_cost=ProgressCost(float(settings.reclaim_restart_seconds)),
+            risk=risk,
+            shapes=ShapeLedger() if settings.arrived_shapes else None,
+        ),
         max_backoff=float(settings.max_backoff),
         reclaim_grace=float(settings.reclaim_grace),
         torn_grace=float(settings.torn_grace),
+        early_warning_wait=float(settings.early_warning_wait),
+        class_patience=dict(settings.reclaim_patience),
     )
 
 

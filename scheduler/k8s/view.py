@@ -9,6 +9,7 @@ could complete a gang), in which case backoffs end.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -80,6 +81,13 @@ class ClusterView:
         for informer in self.informers:
             informer.stop()
 
+    def join(self, timeout: float) -> None:
+        """Wait, at most ``timeout`` seconds in all, for the informers' threads to end (after
+        :meth:`stop`), so that none is inside a request when the client closes."""
+        deadline = time.monotonic() + timeout
+        for informer in self.informers:
+            informer.join(max(0.0, deadline - time.monotonic()))
+
     def synced(self) -> bool:
         return all(i.synced.is_set() for i in self.informers)
 
@@ -102,9 +110,11 @@ class ClusterView:
         # A new pod may complete a gang; a finished or leaving one frees its node. A PodGroup
         # member now Running changes its group's status only: the loop looks, no backoff ends.
         # A change of the gang's bounds (shoal.dev/min-member, max-member) or of what the pod
-        # is counted for (an in-place resize) is acted on at once, not at the idle wake.
+        # is counted for (an in-place resize) is acted on at once, not at the idle wake, and so
+        # is its last scheduling gate removed (Kueue's admission): it ends its gang's backoff.
         # Other updates (a binding confirmed) give the loop nothing new to do.
-        if kind == "ADDED" or pod.finished or pod.deleting or _resized_or_rebounded(old, pod):
+        changed = _resized_or_rebounded(old, pod) or _ungated(old, pod)
+        if kind == "ADDED" or pod.finished or pod.deleting or changed:
             self._wake(True)
         elif old is not None and old.phase != pod.phase and self._counted(pod):
             self._wake(False)
@@ -176,3 +186,8 @@ def _resized_or_rebounded(old: PodRequest | None, new: PodRequest) -> bool:
     if old.requests != new.requests:
         return True
     return any(old.annotations.get(a) != new.annotations.get(a) for a in _BOUNDS)
+
+
+def _ungated(old: PodRequest | None, new: PodRequest) -> bool:
+    """``new`` may be scheduled now and ``old`` might not (its last scheduling gate is gone)."""
+    return old is not None and old.gated and not new.gated
