@@ -6,8 +6,8 @@ from typing import Any
 
 import grpc
 
-from nodeagent.podresources import api_pb2 as pb
-from nodeagent.podresources import rpc
+from nodeagent.adapters.podresources import api_pb2 as pb
+from nodeagent.adapters.podresources import rpc
 
 
 class FakePodResources(rpc.PodResourcesListerServicer):  # type: ignore[misc]

@@ -5,6 +5,10 @@
 agent accepted it, 3 when it refused (the pod is not under notice, or not on this node).
 Exit 5 when the agent is busy (it holds as many watches as it allows): try again later.
 
+The caller is the pod named by ``--namespace``/``--name``/``--uid`` (or ``POD_NAMESPACE``,
+``POD_NAME``, ``POD_UID``); with none of them and ``SLURM_JOB_ID`` set, the Slurm job step this
+runs in (``SLURM_JOB_ID``, ``SLURM_STEP_ID``, ``SLURMD_NODENAME``; docs/slurm.md).
+
 When the agent's socket is absent and ``SHOAL_LEAVE_BY_FILE`` names the pod's
 ``shoal.dev/leave-by`` as a Downward API file, ``wait`` falls back to that file: it returns once
 the file holds a time, with ``source`` ``leave-by-file`` (the kubelet refreshes the file up to
@@ -26,9 +30,11 @@ from shoal_worker import contract
 from shoal_worker.leavefile import wait_leave_by
 from shoal_worker.watcher import (
     AgentBusy,
+    Identity,
     NoticeClient,
     NoticeRefused,
     PodIdentity,
+    SlurmStep,
 )
 
 EXIT_REFUSED = 3
@@ -104,10 +110,20 @@ async def _wait_file(path: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
-    missing = [f for f in ("namespace", "name", "uid") if not getattr(args, f)]
-    if missing:
-        p.error("missing " + ", ".join(f"--{f}" for f in missing))
-    client = NoticeClient(PodIdentity(args.namespace, args.name, args.uid), args.socket)
+    who: Identity
+    named = [f for f in ("namespace", "name", "uid") if getattr(args, f)]
+    if not named and os.environ.get(contract.SLURM_JOB_ID_ENV):
+        # A Slurm job step names itself by what Slurm set in its environment.
+        try:
+            who = SlurmStep.from_env()
+        except NoticeRefused as exc:
+            p.error(str(exc))
+    else:
+        missing = [f for f in ("namespace", "name", "uid") if not getattr(args, f)]
+        if missing:
+            p.error("missing " + ", ".join(f"--{f}" for f in missing))
+        who = PodIdentity(args.namespace, args.name, args.uid)
+    client = NoticeClient(who, args.socket)
     if args.command == "wait" and args.leave_by_file and not os.path.exists(args.socket):
         print(f"no agent socket at {args.socket}: reading {args.leave_by_file}", file=sys.stderr)
         return asyncio.run(_wait_file(args.leave_by_file))

@@ -18,6 +18,12 @@ POD_NAMESPACE_ENV: Final = "POD_NAMESPACE"
 POD_NAME_ENV: Final = "POD_NAME"
 POD_UID_ENV: Final = "POD_UID"
 SOCKET_ENV: Final = "SHOAL_SOCKET"
+#: A Slurm job step's identity (set by Slurm in every step's environment; docs/slurm.md). The
+#: batch script's own step has no step id in some Slurm versions: it is the "batch" step.
+SLURM_JOB_ID_ENV: Final = "SLURM_JOB_ID"
+SLURM_STEP_ID_ENVS: Final = ("SLURM_STEP_ID", "SLURM_STEPID")
+SLURM_NODE_ENV: Final = "SLURMD_NODENAME"
+SLURM_BATCH_STEP: Final = "batch"
 #: Where the agent's DaemonSet shares its socket with pods (a hostPath).
 DEFAULT_SOCKET: Final = "/run/shoal/agent.sock"
 #: The Downward API file of the pod's ``shoal.dev/leave-by``.

@@ -14,6 +14,12 @@ after which all of them stop::
             if stopper.check(step) is not None:           # every rank gets the same answer
                 stopper.leave(step, lambda s: save_checkpoint(ckpt_dir, s, model, optimizer))
 
+:meth:`StopStep.check` also reports the job's progress to the node agent on its own (the step,
+the mean step time, the last complete checkpoint and how long checkpoints take; see
+:mod:`shoal_worker.progress`), so that the scheduler, when it must take GPUs back, reclaims the
+members that lose the least. Checkpoints taken through :meth:`StopStep.checkpoint` (or told with
+:meth:`StopStep.saved`) are what it reports as complete.
+
 :meth:`StopStep.leave` saves on every rank, acknowledges the checkpoint to the node agent from
 the pods under notice, and ends the process the way torchrun's elastic agent turns into a
 membership change: the leaving pod's torchrun is stopped with SIGTERM, by the kubelet when the
@@ -53,6 +59,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from shoal_worker import contract
 from shoal_worker.contract import parse_time
+from shoal_worker.progress import ProgressReporter, StepTimer
 from shoal_worker.watcher import (
     LeaveNotice,
     NoticeClient,
@@ -190,6 +197,8 @@ class StopStep:
     ``shoal.dev/checkpoint-seconds``); a notice that gives less is logged as a warning, with
     what will be lost, before the save. ``last_checkpoint``: the step of the last complete
     checkpoint (-1 for none; what :func:`resume` returned, minus one), kept by :meth:`saved`.
+    ``progress``: where this rank reports its progress (``None``: it does not; with
+    :meth:`from_env`, local rank 0 of each pod reports).
     """
 
     def __init__(
@@ -201,6 +210,7 @@ class StopStep:
         *,
         checkpoint_seconds: float | None = None,
         last_checkpoint: int | None = None,
+        progress: ProgressReporter | None = None,
     ) -> None:
         self.flag = flag
         self.group = group
@@ -208,6 +218,13 @@ class StopStep:
         self.eviction_wait = eviction_wait
         self.checkpoint_seconds = checkpoint_seconds
         self.last_checkpoint = last_checkpoint
+        self.progress = progress
+        #: When the last complete checkpoint completed (seconds since the epoch; None: not
+        #: known) and how long the last one took (None: not measured).
+        self.checkpoint_at: float | None = None
+        self.measured_checkpoint_seconds: float | None = None
+        self.steps = StepTimer()
+        self._step = -1
         self.stop: Stop | None = None
         self._device = _collective_device(group)
 
@@ -238,11 +255,45 @@ class StopStep:
         if client is None and leave_by_file is None:
             return cls(None, group, every, eviction_wait, **options)
         flag = NoticeFlag(client, leave_by_file).start()
+        if client is not None:
+            options["progress"] = ProgressReporter(client)
         return cls(flag, group, every, eviction_wait, **options)
 
-    def saved(self, step: int) -> None:
-        """A checkpoint of ``step`` is complete (call it after checkpoints of your own)."""
+    def saved(self, step: int, seconds: float | None = None) -> None:
+        """A checkpoint of ``step`` is complete, having taken ``seconds`` (call it after
+        checkpoints of your own; :meth:`checkpoint` calls it)."""
         self.last_checkpoint = step
+        self.checkpoint_at = time.time()
+        if seconds is not None:
+            self.measured_checkpoint_seconds = seconds
+        self.report(max(step, self._step))
+
+    def checkpoint(self, step: int, save: Callable[[int], object]) -> None:
+        """Save the checkpoint of ``step`` with ``save`` (collective, such as
+        :func:`save_checkpoint`), timed, and report it complete."""
+        began = time.monotonic()
+        save(step)
+        took = time.monotonic() - began
+        self.steps.paused(took)
+        self.saved(step, took)
+
+    def report(self, step: int) -> None:
+        """Report ``step`` and the last complete checkpoint to the agent (paced; never blocks).
+        :meth:`check` calls it every step."""
+        if self.progress is None:
+            return
+        last = self.last_checkpoint
+        checkpoint_step = 0 if last is None or last < 0 else min(last, step)
+        took = self.measured_checkpoint_seconds
+        if took is None:
+            took = self.checkpoint_seconds
+        self.progress.report(
+            step,
+            step_seconds=self.steps.mean or 0.0,
+            checkpoint_step=checkpoint_step,
+            checkpoint_at=self.checkpoint_at if checkpoint_step == last else None,
+            checkpoint_seconds=min(took or 0.0, contract.MAX_CHECKPOINT_SECONDS),
+        )
 
     def __enter__(self) -> StopStep:
         return self
@@ -258,6 +309,8 @@ class StopStep:
     def close(self) -> None:
         if self.flag is not None:
             self.flag.close()
+        if self.progress is not None:
+            self.progress.close()
 
     @property
     def noticed(self) -> bool:
@@ -269,6 +322,10 @@ class StopStep:
         int64: a rank under notice offers ``step``, the others -1."""
         if self.stop is not None:
             return self.stop.step
+        if step > self._step:
+            self.steps.stepped(step, time.monotonic())
+            self._step = step
+            self.report(step)
         if step % self.every:
             return None
         offer = torch.tensor([step if self.noticed else NO_STOP], dtype=torch.int64)
@@ -309,8 +366,7 @@ class StopStep:
                 # Saved all the same: the checkpoint may be quicker than declared, and one cut
                 # short is never loaded (its metadata, written last, is missing).
                 log.warning(short)
-        save(step)
-        self.saved(step)
+        self.checkpoint(step, save)
         if stop.leaving and self.flag is not None and self.flag.client is not None:
             acknowledge(self.flag.client, step)
         if stopping is not None and int(os.environ.get("LOCAL_RANK", "0")) == 0:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#shoal_worker/protocol/notices.proto\x12\x08shoal.v1\";\n\x0bPodIdentity\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0b\n\x03uid\x18\x03 \x01(\t\"2\n\x0cWatchRequest\x12\"\n\x03pod\x18\x01 \x01(\x0b\x32\x15.shoal.v1.PodIdentity\"\xdf\x01\n\x06Notice\x12%\n\x05state\x18\x01 \x01(\x0e\x32\x16.shoal.v1.Notice.State\x12\x10\n\x08\x65vent_id\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0e\n\x06source\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x10\n\x08leave_by\x18\x06 \x01(\t\x12\x18\n\x10leave_by_unix_ms\x18\x07 \x01(\x03\"B\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x08\n\x04NONE\x10\x01\x12\t\n\x05LEAVE\x10\x02\x12\r\n\tWITHDRAWN\x10\x03\"F\n\x12\x41\x63knowledgeRequest\x12\"\n\x03pod\x18\x01 \x01(\x0b\x32\x15.shoal.v1.PodIdentity\x12\x0c\n\x04step\x18\x02 \x01(\x03\"4\n\x10\x41\x63knowledgeReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t2\x87\x01\n\x07Notices\x12\x33\n\x05Watch\x12\x16.shoal.v1.WatchRequest\x1a\x10.shoal.v1.Notice0\x01\x12G\n\x0b\x41\x63knowledge\x12\x1c.shoal.v1.AcknowledgeRequest\x1a\x1a.shoal.v1.AcknowledgeReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#shoal_worker/protocol/notices.proto\x12\x08shoal.v1\"_\n\x0bPodIdentity\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0b\n\x03uid\x18\x03 \x01(\t\x12\"\n\x05slurm\x18\x04 \x01(\x0b\x32\x13.shoal.v1.SlurmStep\":\n\tSlurmStep\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07step_id\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\"2\n\x0cWatchRequest\x12\"\n\x03pod\x18\x01 \x01(\x0b\x32\x15.shoal.v1.PodIdentity\"\xdf\x01\n\x06Notice\x12%\n\x05state\x18\x01 \x01(\x0e\x32\x16.shoal.v1.Notice.State\x12\x10\n\x08\x65vent_id\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0e\n\x06source\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x10\n\x08leave_by\x18\x06 \x01(\t\x12\x18\n\x10leave_by_unix_ms\x18\x07 \x01(\x03\"B\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x08\n\x04NONE\x10\x01\x12\t\n\x05LEAVE\x10\x02\x12\r\n\tWITHDRAWN\x10\x03\"F\n\x12\x41\x63knowledgeRequest\x12\"\n\x03pod\x18\x01 \x01(\x0b\x32\x15.shoal.v1.PodIdentity\x12\x0c\n\x04step\x18\x02 \x01(\x03\"4\n\x10\x41\x63knowledgeReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\"\xaa\x01\n\x0fProgressRequest\x12\"\n\x03pod\x18\x01 \x01(\x0b\x32\x15.shoal.v1.PodIdentity\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x14\n\x0cstep_seconds\x18\x03 \x01(\x01\x12\x17\n\x0f\x63heckpoint_step\x18\x04 \x01(\x03\x12\x1a\n\x12\x63heckpoint_unix_ms\x18\x05 \x01(\x03\x12\x1a\n\x12\x63heckpoint_seconds\x18\x06 \x01(\x01\"1\n\rProgressReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t2\xc7\x01\n\x07Notices\x12\x33\n\x05Watch\x12\x16.shoal.v1.WatchRequest\x1a\x10.shoal.v1.Notice0\x01\x12G\n\x0b\x41\x63knowledge\x12\x1c.shoal.v1.AcknowledgeRequest\x1a\x1a.shoal.v1.AcknowledgeReply\x12>\n\x08Progress\x12\x19.shoal.v1.ProgressRequest\x1a\x17.shoal.v1.ProgressReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,17 +32,23 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'shoal_worker.protocol.notic
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PODIDENTITY']._serialized_start=49
-  _globals['_PODIDENTITY']._serialized_end=108
-  _globals['_WATCHREQUEST']._serialized_start=110
-  _globals['_WATCHREQUEST']._serialized_end=160
-  _globals['_NOTICE']._serialized_start=163
-  _globals['_NOTICE']._serialized_end=386
-  _globals['_NOTICE_STATE']._serialized_start=320
-  _globals['_NOTICE_STATE']._serialized_end=386
-  _globals['_ACKNOWLEDGEREQUEST']._serialized_start=388
-  _globals['_ACKNOWLEDGEREQUEST']._serialized_end=458
-  _globals['_ACKNOWLEDGEREPLY']._serialized_start=460
-  _globals['_ACKNOWLEDGEREPLY']._serialized_end=512
-  _globals['_NOTICES']._serialized_start=515
-  _globals['_NOTICES']._serialized_end=650
+  _globals['_PODIDENTITY']._serialized_end=144
+  _globals['_SLURMSTEP']._serialized_start=146
+  _globals['_SLURMSTEP']._serialized_end=204
+  _globals['_WATCHREQUEST']._serialized_start=206
+  _globals['_WATCHREQUEST']._serialized_end=256
+  _globals['_NOTICE']._serialized_start=259
+  _globals['_NOTICE']._serialized_end=482
+  _globals['_NOTICE_STATE']._serialized_start=416
+  _globals['_NOTICE_STATE']._serialized_end=482
+  _globals['_ACKNOWLEDGEREQUEST']._serialized_start=484
+  _globals['_ACKNOWLEDGEREQUEST']._serialized_end=554
+  _globals['_ACKNOWLEDGEREPLY']._serialized_start=556
+  _globals['_ACKNOWLEDGEREPLY']._serialized_end=608
+  _globals['_PROGRESSREQUEST']._serialized_start=611
+  _globals['_PROGRESSREQUEST']._serialized_end=781
+  _globals['_PROGRESSREPLY']._serialized_start=783
+  _globals['_PROGRESSREPLY']._serialized_end=832
+  _globals['_NOTICES']._serialized_start=835
+  _globals['_NOTICES']._serialized_end=1034
 # @@protoc_insertion_point(module_scope)

@@ -7,14 +7,26 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PodIdentity(_message.Message):
-    __slots__ = ("namespace", "name", "uid")
+    __slots__ = ("namespace", "name", "uid", "slurm")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
+    SLURM_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     name: str
     uid: str
-    def __init__(self, namespace: _Optional[str] = ..., name: _Optional[str] = ..., uid: _Optional[str] = ...) -> None: ...
+    slurm: SlurmStep
+    def __init__(self, namespace: _Optional[str] = ..., name: _Optional[str] = ..., uid: _Optional[str] = ..., slurm: _Optional[_Union[SlurmStep, _Mapping]] = ...) -> None: ...
+
+class SlurmStep(_message.Message):
+    __slots__ = ("job_id", "step_id", "node")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    step_id: str
+    node: str
+    def __init__(self, job_id: _Optional[str] = ..., step_id: _Optional[str] = ..., node: _Optional[str] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("pod",)
@@ -59,6 +71,30 @@ class AcknowledgeRequest(_message.Message):
     def __init__(self, pod: _Optional[_Union[PodIdentity, _Mapping]] = ..., step: _Optional[int] = ...) -> None: ...
 
 class AcknowledgeReply(_message.Message):
+    __slots__ = ("accepted", "detail")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    detail: str
+    def __init__(self, accepted: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class ProgressRequest(_message.Message):
+    __slots__ = ("pod", "step", "step_seconds", "checkpoint_step", "checkpoint_unix_ms", "checkpoint_seconds")
+    POD_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    pod: PodIdentity
+    step: int
+    step_seconds: float
+    checkpoint_step: int
+    checkpoint_unix_ms: int
+    checkpoint_seconds: float
+    def __init__(self, pod: _Optional[_Union[PodIdentity, _Mapping]] = ..., step: _Optional[int] = ..., step_seconds: _Optional[float] = ..., checkpoint_step: _Optional[int] = ..., checkpoint_unix_ms: _Optional[int] = ..., checkpoint_seconds: _Optional[float] = ...) -> None: ...
+
+class ProgressReply(_message.Message):
     __slots__ = ("accepted", "detail")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]

@@ -44,6 +44,11 @@ class NoticesStub:
                 request_serializer=shoal__worker_dot_protocol_dot_notices__pb2.AcknowledgeRequest.SerializeToString,
                 response_deserializer=shoal__worker_dot_protocol_dot_notices__pb2.AcknowledgeReply.FromString,
                 _registered_method=True)
+        self.Progress = channel.unary_unary(
+                '/shoal.v1.Notices/Progress',
+                request_serializer=shoal__worker_dot_protocol_dot_notices__pb2.ProgressRequest.SerializeToString,
+                response_deserializer=shoal__worker_dot_protocol_dot_notices__pb2.ProgressReply.FromString,
+                _registered_method=True)
 
 
 class NoticesServicer:
@@ -51,7 +56,8 @@ class NoticesServicer:
 
     def Watch(self, request, context):
         """Streams the notice state of the calling pod: the current state at once, then every change.
-        Refused (NOT_FOUND) unless the pod is bound to this node with this uid.
+        Refused (NOT_FOUND) unless the pod is bound to this node with this uid (on a Slurm node:
+        PERMISSION_DENIED unless the calling process is in the named job step on this node).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -60,6 +66,16 @@ class NoticesServicer:
     def Acknowledge(self, request, context):
         """Checkpoint done at `step`: the agent may evict the pod now instead of at the deadline.
         Only a pod already under notice on this node can be acknowledged.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Progress(self, request, context):
+        """How far the calling pod's training is, and its last complete checkpoint (added in 0.2.0).
+        The agent writes the newest report on the pod (shoal.dev/progress) at most once a minute,
+        so that the scheduler can reclaim the members that lose the least. An agent older than
+        0.2.0 answers UNIMPLEMENTED; a worker that never calls it loses nothing but that.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -77,6 +93,11 @@ def add_NoticesServicer_to_server(servicer, server):
                     servicer.Acknowledge,
                     request_deserializer=shoal__worker_dot_protocol_dot_notices__pb2.AcknowledgeRequest.FromString,
                     response_serializer=shoal__worker_dot_protocol_dot_notices__pb2.AcknowledgeReply.SerializeToString,
+            ),
+            'Progress': grpc.unary_unary_rpc_method_handler(
+                    servicer.Progress,
+                    request_deserializer=shoal__worker_dot_protocol_dot_notices__pb2.ProgressRequest.FromString,
+                    response_serializer=shoal__worker_dot_protocol_dot_notices__pb2.ProgressReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -133,6 +154,33 @@ class Notices:
             '/shoal.v1.Notices/Acknowledge',
             shoal__worker_dot_protocol_dot_notices__pb2.AcknowledgeRequest.SerializeToString,
             shoal__worker_dot_protocol_dot_notices__pb2.AcknowledgeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Progress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/shoal.v1.Notices/Progress',
+            shoal__worker_dot_protocol_dot_notices__pb2.ProgressRequest.SerializeToString,
+            shoal__worker_dot_protocol_dot_notices__pb2.ProgressReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -4,9 +4,9 @@
 committed. Regenerate from the repository root with::
 
     .venv/bin/python -m grpc_tools.protoc -I . --python_out=. --grpc_python_out=. \\
-        --pyi_out=. nodeagent/podresources/api.proto
+        --pyi_out=. nodeagent/adapters/podresources/api.proto
 """
 
-from nodeagent.podresources.client import DEFAULT_SOCKET, PodResourcesError, gpu_owners
+from nodeagent.adapters.podresources.client import DEFAULT_SOCKET, PodResourcesError, gpu_owners
 
 __all__ = ["DEFAULT_SOCKET", "PodResourcesError", "gpu_owners"]

@@ -6,8 +6,8 @@ from collections.abc import Collection
 
 import grpc
 
-from nodeagent.podresources import api_pb2 as pb
-from nodeagent.podresources import rpc
+from nodeagent.adapters.podresources import api_pb2 as pb
+from nodeagent.adapters.podresources import rpc
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 GPU_RESOURCES = frozenset({"nvidia.com/gpu"})

@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from nodeagent.podresources import api_pb2_grpc as _generated
+from nodeagent.adapters.podresources import api_pb2_grpc as _generated
 
 PodResourcesListerStub: Any = _generated.PodResourcesListerStub
 PodResourcesListerServicer: Any = _generated.PodResourcesListerServicer
