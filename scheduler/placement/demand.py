@@ -16,12 +16,27 @@ node with the most CPU and memory per GPU, which keeps the most room on that nod
 node the biggest pods need). A placement that takes nothing a likely shape could use costs 0:
 filling a node already too small for the big shapes is free.
 
+The pods that are waiting count too (``waiting``: the shapes of other gangs' minimums that wait
+for room, with how many of each). Losing one of ``hosts`` nodes that hold a waiting shape
+costs its GPUs times ``min(1, waiting / hosts)``: nothing much while many nodes hold it, the
+whole pod once there are no more hosts than waiting pods (each host lost is then a waiting pod
+that cannot go).
+
 The likely shapes are read from the cluster itself, so that the score needs nothing but the
 nodes it places on: for every GPU node shape (allocatable CPU, memory and GPUs) and every
 power-of-two GPU count up to its GPUs, the pod asking for that share of the node (2 GPUs of an
 8-GPU, 96-CPU node: 2 GPUs and 24 CPUs), weighted by how many nodes have that shape. The
 whole-node pods of the scarce big shapes are then in the workload, and the plentiful shapes
 weigh the most.
+
+When the pods that arrived are known (``learned``: :class:`scheduler.placement.shapes.Likely`,
+the shapes a :class:`~scheduler.placement.shapes.ShapeLedger` counted), they are added, weighing
+:data:`LEARNED_WEIGHT` in all beside the node shapes' 1 (so that what the node shapes keep for
+the scarce big shapes is kept as before). A share of a node asks for as
+much CPU per GPU as the node has; the pods that come may ask for more (a 1-GPU pod asking 18
+CPUs, on nodes of 12 CPUs per GPU), and a placement that leaves a free GPU with less CPU or
+memory beside it than they ask for then costs what losing a host of their shape costs: nothing
+much while many nodes hold it, much once few do.
 
 :func:`demand_of` keeps the node shape counts and the hosts per likely shape between calls, per
 node state object (a call re-reads only the nodes whose state changed, as the cache hands
@@ -32,15 +47,25 @@ counting every node would give (a unit test compares the two).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 from scheduler.model import Node, NodeName, NodeState, Resources
+from scheduler.placement.shapes import Likely, Shape
 
-#: A node shape: allocatable CPU (millicores), memory (bytes), GPUs.
-Shape = tuple[int, int, int]
+#: Waiting pods, as (requests, how many), of other gangs whose minimum waits for room.
+Waiting = Sequence[tuple[Resources, int]]
+
+#: What a demand is made for besides the nodes: the waiting shapes (with how many of each) and
+#: the learned shapes (with their shares).
+_Asked = tuple[tuple[tuple[Shape, int], ...], tuple[tuple[Shape, float], ...]]
 
 _MEMO_LIMIT: Final = 50_000
+#: At most this many waiting and learned shapes are kept tracked between calls (beyond it, only
+#: the ones asked for last).
+_EXTRA_LIMIT: Final = 64
+#: What the learned shapes weigh in all, beside the node shapes' 1.
+LEARNED_WEIGHT: Final = 1.0
 
 
 def shape_of(node: Node) -> Shape:
@@ -50,10 +75,22 @@ def shape_of(node: Node) -> Shape:
 
 class Demand:
     """The expected workload on one nodes mapping: pod ``shapes`` ``(cpu, memory, gpus)`` with
-    their ``weights`` (summing to 1), ``hosts``: how many nodes each shape fits on now, and
-    ``nodes``: how many nodes have each node shape."""
+    their ``weights`` (summing to 1, plus :data:`LEARNED_WEIGHT` with learned shapes),
+    ``hosts``: how many nodes each shape fits on now, and ``nodes``: how many nodes have each
+    node shape; ``waiting``: per shape, how many pods of it wait (the waiting shapes are among
+    ``shapes``, with weight 0 unless also likely or learned)."""
 
-    __slots__ = ("_cost", "_masks", "hosts", "nodes", "shapes", "total", "weights")
+    __slots__ = (
+        "_cost",
+        "_masks",
+        "_per_bit",
+        "hosts",
+        "nodes",
+        "shapes",
+        "total",
+        "waiting",
+        "weights",
+    )
 
     def __init__(
         self,
@@ -62,41 +99,84 @@ class Demand:
         hosts: list[int],
         nodes: Mapping[Shape, int],
         masks: dict[tuple[int, int, int], int],
+        *,
+        waiting: Sequence[int] = (),
     ) -> None:
         self.shapes = shapes
         self.weights = weights
         self.hosts = hosts
         self.nodes = nodes
         self.total = sum(nodes.values())
+        self.waiting = tuple(waiting) or (0,) * len(shapes)
         self._masks = masks
         self._cost: dict[int, float] = {}
+        self._per_bit: list[float | None] = [None] * len(shapes)
 
     def mask(self, cpu: int, memory: int, gpu: int) -> int:
         """The shapes (one bit each) that fit a node with this much free."""
         return _mask(self.shapes, self._masks, cpu, memory, gpu)
 
-    def cost(self, request: Resources, free: Resources) -> float:
-        """What placing ``request`` on a node with ``free`` left costs the likely pods: for each
-        shape the node could hold before and cannot after, its weight over the number of nodes
-        that hold it now (in nodes' worth of the whole cluster)."""
-        lost = self.mask(free.cpu_milli, free.memory, free.gpu) & ~self.mask(
+    def lost(self, request: Resources, free: Resources) -> int:
+        """The shapes (one bit each) a node with ``free`` holds before ``request`` is placed on
+        it and not after."""
+        return self.mask(free.cpu_milli, free.memory, free.gpu) & ~self.mask(
             free.cpu_milli - request.cpu_milli,
             free.memory - request.memory,
             free.gpu - request.gpu,
         )
+
+    def cost(self, request: Resources, free: Resources) -> float:
+        """What placing ``request`` on a node with ``free`` left costs the likely pods: for each
+        shape the node could hold before and cannot after, its weight over the number of nodes
+        that hold it now (in nodes' worth of the whole cluster)."""
+        lost = self.lost(request, free)
         if not lost:
             return 0.0
         known = self._cost.get(lost)
         if known is not None:
             return known
         value = 0.0
-        hosts, shapes, weights, bit = self.hosts, self.shapes, self.weights, 0
+        bit = 0
         while lost >> bit:
             if lost >> bit & 1:
-                value += weights[bit] * shapes[bit][2] / max(hosts[bit], 1)
+                value += self.loss(bit)
             bit += 1
-        value *= self.total
         self._cost[lost] = value
+        return value
+
+    def charge(self, lost: int, taken: dict[int, int]) -> float:
+        """What losing the shapes ``lost`` costs after the hosts in ``taken`` (per shape, hosts
+        lost to the members placed before, in the same placement) are gone, and counts this
+        loss in ``taken``: each member of a gang pays against the hosts the members before it
+        left, so that taking the last hosts of a shape costs more than taking the first."""
+        value = 0.0
+        bit = 0
+        while lost >> bit:
+            if lost >> bit & 1:
+                before = taken.get(bit, 0)
+                if before:
+                    value += self._loss_at(bit, self.hosts[bit] - before)
+                else:
+                    value += self.loss(bit)
+                taken[bit] = before + 1
+            bit += 1
+        return value
+
+    def loss(self, bit: int) -> float:
+        """What losing one host of shape ``bit`` costs: its share of the likely GPUs over its
+        hosts (in nodes' worth of the cluster), plus, when pods of it wait, its GPUs times the
+        share of its hosts the waiting pods need (at most all of them)."""
+        known = self._per_bit[bit]
+        if known is None:
+            known = self._per_bit[bit] = self._loss_at(bit, self.hosts[bit])
+        return known
+
+    def _loss_at(self, bit: int, hosts: int) -> float:
+        hosts = max(hosts, 1)
+        gpus = self.shapes[bit][2]
+        value = self.weights[bit] * gpus / hosts * self.total
+        if self.waiting[bit]:
+            value += gpus * min(1.0, self.waiting[bit] / hosts)
         return value
 
     def plenty(self, node: Node) -> float:
@@ -142,19 +222,33 @@ def _mask(
 
 
 class _Tracker:
-    """Node shape counts and, per likely pod shape, the nodes it fits on, kept per node state
-    between calls: a call re-reads only the nodes whose state object changed."""
+    """Node shape counts and, per likely (or waiting) pod shape, the nodes it fits on, kept per
+    node state between calls: a call re-reads only the nodes whose state object changed."""
 
-    __slots__ = ("counts", "demand", "hosts", "known", "masks", "shapes", "weights")
+    __slots__ = (
+        "counts",
+        "demand",
+        "extra",
+        "hosts",
+        "index",
+        "known",
+        "masks",
+        "shapes",
+        "weights",
+    )
 
     def __init__(self) -> None:
         self.known: dict[NodeName, tuple[NodeState, int]] = {}
         self.counts: dict[Shape, int] = {}
         self.shapes: tuple[Shape, ...] = ()
+        self.index: dict[Shape, int] = {}
         self.weights: tuple[float, ...] = ()
         self.hosts: list[int] = []
         self.masks: dict[tuple[int, int, int], int] = {}
-        self.demand: Demand | None = None
+        #: Waiting and learned shapes tracked beside the likely ones.
+        self.extra: frozenset[Shape] = frozenset()
+        #: The last demand handed out, and the waiting pods and learned shapes it was for.
+        self.demand: tuple[_Asked, Demand] | None = None
 
     def _rebuild(self, nodes: Mapping[NodeName, NodeState]) -> None:
         counts: dict[Shape, int] = {}
@@ -164,8 +258,9 @@ class _Tracker:
         likely = likely_shapes(counts)
         whole = sum(likely.values()) or 1.0
         self.counts = counts
-        self.shapes = tuple(sorted(likely))
-        self.weights = tuple(likely[s] / whole for s in self.shapes)
+        self.shapes = tuple(sorted(likely)) + tuple(sorted(self.extra - likely.keys()))
+        self.index = {shape: bit for bit, shape in enumerate(self.shapes)}
+        self.weights = tuple(likely.get(s, 0.0) / whole for s in self.shapes)
         self.hosts = [0] * len(self.shapes)
         self.masks = {}
         self.known = {}
@@ -190,9 +285,40 @@ class _Tracker:
                 self.hosts[bit] -= 1
             bit += 1
 
-    def update(self, nodes: Mapping[NodeName, NodeState]) -> Demand:
+    def _track(self, wanted: Sequence[Shape]) -> bool:
+        """Make sure every waiting and learned shape is tracked; true when the shapes
+        changed."""
+        new = {shape for shape in wanted if shape not in self.index}
+        if not new:
+            return False
+        extra = self.extra | new
+        if len(extra) > _EXTRA_LIMIT:
+            extra = frozenset(wanted)
+        self.extra = frozenset(extra)
+        return True
+
+    def _mixed(self, shares: tuple[tuple[Shape, float], ...]) -> tuple[float, ...]:
+        """The node shapes' weights, with the learned ``shares`` added, weighing
+        :data:`LEARNED_WEIGHT` in all."""
+        if not shares:
+            return self.weights
+        mixed = list(self.weights)
+        for shape, share in shares:
+            mixed[self.index[shape]] += LEARNED_WEIGHT * share
+        return tuple(mixed)
+
+    def update(
+        self,
+        nodes: Mapping[NodeName, NodeState],
+        waiting: Waiting = (),
+        learned: Likely | None = None,
+    ) -> Demand:
+        waits = _waiting_shapes(waiting)
+        shares = learned.shapes if learned is not None else ()
+        asked = (waits, shares)
+        wanted = [shape for shape, _ in waits] + [shape for shape, _ in shares]
         known = self.known
-        changed = self.demand is None
+        changed = self.demand is None or self._track(wanted)
         if not changed:
             for name, state in nodes.items():
                 old = known.get(name)
@@ -207,17 +333,41 @@ class _Tracker:
             if len(known) != len(nodes):  # a node left
                 changed = True
         if changed:
+            self._track(wanted)
             self._rebuild(nodes)
-        if self.demand is None:
-            self.demand = Demand(
-                self.shapes, self.weights, list(self.hosts), self.counts, self.masks
+        if self.demand is None or self.demand[0] != asked:
+            counts = [0] * len(self.shapes)
+            for shape, count in waits:
+                counts[self.index[shape]] += count
+            demand = Demand(
+                self.shapes,
+                self._mixed(shares),
+                list(self.hosts),
+                self.counts,
+                self.masks,
+                waiting=counts,
             )
-        return self.demand
+            self.demand = (asked, demand)
+        return self.demand[1]
+
+
+def _waiting_shapes(waiting: Waiting) -> tuple[tuple[Shape, int], ...]:
+    """The waiting pods that ask for GPUs, as node-shape-like tuples, merged and in order."""
+    merged: dict[Shape, int] = {}
+    for requests, count in waiting:
+        if requests.gpu > 0 and count > 0:
+            shape = (requests.cpu_milli, requests.memory, requests.gpu)
+            merged[shape] = merged.get(shape, 0) + count
+    return tuple(sorted(merged.items()))
 
 
 _TRACKER = _Tracker()
 
 
-def demand_of(nodes: Mapping[NodeName, NodeState]) -> Demand:
-    """The expected workload on the cluster ``nodes`` make up, as it stands."""
-    return _TRACKER.update(nodes)
+def demand_of(
+    nodes: Mapping[NodeName, NodeState], waiting: Waiting = (), learned: Likely | None = None
+) -> Demand:
+    """The expected workload on the cluster ``nodes`` make up, as it stands, with the pods of
+    ``waiting`` (requests, how many) counted as waiting for room and, with ``learned``, the
+    shapes that arrived added to it (:data:`LEARNED_WEIGHT`)."""
+    return _TRACKER.update(nodes, waiting, learned)

@@ -55,10 +55,13 @@ class Weights:
     #: best-fit, least-allocated) stays what it says.
     fragment: float = 0.0
     plentiful: float = 0.0
+    #: Per GPU a gang leaves free in the domain it is placed in, when the search compares the
+    #: domains that hold it (:meth:`scheduler.placement.search._Search.first_fit`).
+    domain_left: float = 0.0
 
 
 #: Shoal's placement.
-DEFAULT_WEIGHTS = Weights(fragment=1.0, plentiful=0.01)
+DEFAULT_WEIGHTS = Weights(fragment=1.0, plentiful=0.01, domain_left=1.0)
 
 
 def island_fit(islands: tuple[int, ...] | None, gpus: int) -> bool:

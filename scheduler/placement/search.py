@@ -19,7 +19,7 @@ from __future__ import annotations
 import zlib
 from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence, Set
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from scheduler import topology
 from scheduler.model import (
@@ -37,7 +37,9 @@ from scheduler.model import (
 from scheduler.placement import filters
 from scheduler.placement.demand import Demand, demand_of
 from scheduler.placement.fits import Fits, fits_of
+from scheduler.placement.risk import MAX_QUORUM_RISK_ANNOTATION, Pool, chance_below, pool_of
 from scheduler.placement.score import DEFAULT_WEIGHTS, Weights, node_score
+from scheduler.placement.shapes import Likely
 from scheduler.topology.domains import Domain, Domains
 
 
@@ -56,6 +58,20 @@ class Request:
     #: Nodes that already run members of the gang (they pull new members into their domains).
     bound_nodes: Sequence[NodeName] = ()
     weights: Weights = field(default=DEFAULT_WEIGHTS)
+    #: The pods other gangs' minimums wait with (requests, how many): a placement that takes
+    #: the last nodes they fit on costs more (:mod:`scheduler.placement.demand`).
+    waiting: Sequence[tuple[Resources, int]] = ()
+    #: The pod shapes and gang sizes that arrived lately (a
+    #: :class:`~scheduler.placement.shapes.ShapeLedger`'s): what a placement takes from them
+    #: counts beside what it takes from the shares of the node shapes, and a gang's leftover in
+    #: a domain is charged only when it is too small for every gang that comes.
+    likely: Likely = field(default_factory=Likely)
+    #: Revocations per node-hour of each capacity pool (:mod:`scheduler.placement.risk`): a
+    #: minimum quorum goes to the lowest-risk capacity that holds it.
+    revocation: Mapping[Pool, float] = field(default_factory=dict)
+    #: The most the quorum may risk of losing a member within an hour
+    #: (``shoal.dev/max-quorum-risk``); ``None``: no bound.
+    max_quorum_risk: float | None = None
 
 
 def _shape(pod: PodRequest) -> tuple[object, ...]:
@@ -92,11 +108,59 @@ def place(
     if isinstance(feasible, Unschedulable):
         return feasible
     weights = request.weights
-    demand = demand_of(nodes) if weights.fragment or weights.plentiful else None
+    demand = (
+        demand_of(nodes, request.waiting, request.likely)
+        if weights.fragment or weights.plentiful
+        else None
+    )
     search = _Search(request, pods, nodes, *feasible, domains=domains, demand=demand)
-    if request.required:
-        return _in_required_domain(search, request.required)
+    if not request.surplus and any(request.revocation.values()):
+        return _lowest_risk_first(search)
+    return _search(search)
+
+
+def _search(search: _Search) -> Placement | Unschedulable:
+    if search.request.required:
+        return _in_required_domain(search, search.request.required)
     return _narrowest_first(search)
+
+
+#: How many levels of risk a quorum tries, safest first (the riskiest level is all the nodes).
+RISK_LEVELS = 6
+
+
+def _lowest_risk_first(search: _Search) -> Placement | Unschedulable:
+    """A minimum quorum on the lowest-risk capacity that holds it: the search on the nodes
+    whose pool is revoked no more often than each level in turn, safest first, the last level
+    being every node. With ``max_quorum_risk``, a placement whose chance of losing a member
+    within an hour is above it is no placement."""
+    request, nodes = search.request, search.nodes
+    rates = request.revocation
+    risk = {name: rates.get(pool_of(nodes[name].node), 0.0) for name in search.union}
+    levels = sorted(set(risk.values()))
+    if len(levels) > RISK_LEVELS:
+        levels = [*levels[: RISK_LEVELS - 1], levels[-1]]
+    found: Placement | Unschedulable | None = None
+    for level in levels[:-1]:
+        narrower = search.within(frozenset(n for n, r in risk.items() if r <= level))
+        if narrower is None:
+            continue
+        found = _search(narrower)
+        if isinstance(found, Placement):
+            break
+    if not isinstance(found, Placement):
+        found = _search(search)
+    if isinstance(found, Unschedulable) or request.max_quorum_risk is None:
+        return found
+    chance = chance_below([risk[a.node] for a in found.assignments])
+    if chance <= request.max_quorum_risk:
+        return found
+    return Unschedulable(
+        len(nodes),
+        summary=f"the lowest-risk capacity that holds the {len(search.pods)} member(s) risks "
+        f"{chance:.1%} of losing one within an hour, above the {request.max_quorum_risk:.1%} "
+        f"{MAX_QUORUM_RISK_ANNOTATION} allows; waiting for safer capacity;",
+    )
 
 
 def _feasible(
@@ -158,6 +222,13 @@ class _Search:
         )
         object.__setattr__(self, "need", need)
 
+    def within(self, allowed: Set[NodeName]) -> _Search | None:
+        """The same search on the ``allowed`` nodes only; ``None`` when some pod fits none."""
+        feasible = {key: fits & allowed for key, fits in self.feasible.items()}
+        if not all(feasible.values()):
+            return None
+        return replace(self, feasible=feasible, union=self.union & allowed, known_outside=None)
+
     @property
     def outside(self) -> Set[NodeName]:
         """The nodes no pod fits on."""
@@ -188,14 +259,31 @@ class _Search:
             self.request.gang, assignments, _domains(assignments, self.nodes, self.request)
         )
 
+    def leftover(self, gpus: int) -> float:
+        """What leaving ``gpus`` free in a domain costs a gang's placement: per GPU as a node's
+        tight fit counts them, when they are too few for every gang that arrived lately (or
+        none is known), and nothing when some gang that comes could use them. A rack is then
+        not left with one node no gang can fill (those GPUs stay free for good) while another
+        rack holds the gang with room to spare; among racks whose leftover some gang can use,
+        the tightest still comes first."""
+        if gpus <= 0 or not self.request.likely.unusable(gpus):
+            return 0.0
+        return self.request.weights.domain_left * gpus
+
     def first_fit(
-        self, domains: Iterable[tuple[str, Collection[NodeName]]], key: str | None
+        self,
+        domains: Iterable[tuple[str, Collection[NodeName]]],
+        key: str | None,
+        left: Mapping[str, int] | None = None,
     ) -> Placement | None:
         """The placement in the first of ``domains`` (in order) that holds every pod; for a
         gang of several pods with a demand, the one of the first :data:`DOMAIN_CHOICES` that
-        hold every pod whose placement costs the likely pods least (the earliest among
-        equals), so that a gang does not take the only domain a bigger gang could use. A lone
-        pod takes the first (the tightest), which keeps the other domains whole for gangs."""
+        hold every pod that scores best (the earliest among equals): what the placement costs
+        the likely pods, plus what the GPUs it leaves free in the domain cost (``left``: each
+        domain's free GPUs less the gang's; :meth:`leftover`), so that a gang neither takes the
+        only domain a bigger gang could use nor leaves a domain too broken for the next gang
+        when one it fills exactly is at hand. A lone pod
+        takes the first (the tightest), which keeps the other domains whole for gangs."""
         if self.demand is None or len(self.pods) < 2:
             for _, group in domains:
                 found = self.attempt(group, key)
@@ -205,15 +293,18 @@ class _Search:
         best: Placement | None = None
         best_cost = 0.0
         choices = 0
-        for _, group in domains:
+        for value, group in domains:
             spent = [0.0]
             found = self.attempt(group, key, spent)
             if found is None:
                 continue
-            if best is None or spent[0] < best_cost:
-                best, best_cost = found, spent[0]
+            cost = spent[0] + (self.leftover(left.get(value, 0)) if left is not None else 0.0)
+            if best is None or cost < best_cost:
+                best, best_cost = found, cost
             choices += 1
-            if choices >= DOMAIN_CHOICES or best_cost <= 0.0:
+            # The domains come tightest first: one that costs the likely pods nothing is
+            # beaten by none after it.
+            if choices >= DOMAIN_CHOICES or spent[0] <= 0.0:
                 break
         return best
 
@@ -233,7 +324,7 @@ def _in_required_domain(search: _Search, key: str) -> Placement | Unschedulable:
     if bound:
         wanted = {nodes[n].node.labels.get(key) for n in bound if n in nodes}
         groups = {v: g for v, g in groups.items() if v in wanted}
-    found = search.first_fit(_tightest_first(groups, search.need), key)
+    found = search.first_fit(_tightest_first(groups, search.need), key, _left(groups, search.need))
     if found is not None:
         return found
     return Unschedulable(
@@ -289,7 +380,10 @@ def _narrowest_first(search: _Search) -> Placement | Unschedulable:
     narrowest = next((k for k in levels if _carried(search, k)), None)
     bound = _bound_domains(request, nodes)
     for key in levels:
-        found = search.first_fit(_domains_to_try(search, key, bound.get(key)), narrowest)
+        groups = _usable(search, key)
+        found = search.first_fit(
+            _domains_to_try(search, groups, bound.get(key)), narrowest, _left(groups, search.need)
+        )
         if found is not None:
             return found
     found = search.attempt(search.union, narrowest)
@@ -310,13 +404,17 @@ def _bound_domains(request: Request, nodes: Mapping[NodeName, NodeState]) -> dic
     return bound_domain
 
 
+def _left(groups: Mapping[str, _Usable], need: Resources) -> dict[str, int]:
+    """Per domain, the GPUs it would have free once ``need`` is placed in it."""
+    return {value: domain.free.gpu - need.gpu for value, domain in groups.items()}
+
+
 def _domains_to_try(
-    search: _Search, key: str, bound_value: str | None
+    search: _Search, groups: Mapping[str, _Usable], bound_value: str | None
 ) -> list[tuple[str, Collection[NodeName]]]:
-    """The domains of ``key`` to try, in order: the bound members' one first, then the
-    tightest that has room. None when the level does not divide the feasible nodes (no node
-    has the label, or one value covers them all: the whole-cluster try covers that)."""
-    groups = _usable(search, key)
+    """The domains (``groups``, of one key) to try, in order: the bound members' one first,
+    then the tightest that has room. None when the level does not divide the feasible nodes (no
+    node has the label, or one value covers them all: the whole-cluster try covers that)."""
     if not groups or (len(groups) == 1 and next(iter(groups.values())).count == len(search.union)):
         return []
     tightest = _tightest_first(groups, search.need)
@@ -464,6 +562,7 @@ def _assign(
     """:func:`_greedy`, saying where it stopped when a pod fits nowhere; what each choice
     costs the likely pods is added to ``spent[0]``, when given (with a ``demand``)."""
     room = _Room(nodes)
+    taken: dict[int, int] = {}  # per likely shape, its hosts the members placed so far took
     used: set[str] = set()
     if together_key is not None:
         for name in request.bound_nodes:
@@ -488,7 +587,7 @@ def _assign(
         if best is None:
             return _Stuck(pod, len(assignments), room)
         if spent is not None and demand is not None:
-            spent[0] += demand.cost(pod.requests, room.on(best)[0])
+            spent[0] += demand.charge(demand.lost(pod.requests, room.on(best)[0]), taken)
         room.take(best, pod.requests)
         value = nodes[best].node.labels.get(together_key) if together_key is not None else None
         if value is not None:

@@ -15,10 +15,17 @@ Model, stated so results can be read correctly:
 - Every membership change (start, growth, shrink) costs ``restart_seconds`` of no progress, as an
   elastic launcher's re-rendezvous does. Workers checkpoint every ``checkpoint_interval``
   seconds of run time.
+- A checkpoint of a job takes :meth:`Settings.checkpoint_time`: a fixed part plus the job's
+  model state (a share per GPU of the job at full size) at the storage's bandwidth, so larger
+  jobs take longer (docs/benchmarks.md, "Losing the least on spot", says where the figures come
+  from). Jobs are synchronous gangs: a member that leaves without a complete checkpoint rolls
+  the whole gang back to its last one, and that work is counted as lost.
 - A revocation removes a spot node at the time the spot trace says. With ``checkpoint_on_notice``
-  (the node agent) the scheduler stops placing on the node ``notice_seconds`` before that, and the
-  node's workers checkpoint (``checkpoint_seconds``, during which the job makes no progress) and
-  leave: no work is lost. Without it the workers die at removal and their job rolls back to its
+  (the node agent) the scheduler stops placing on the node ``notice_seconds`` before that (the
+  node is cordoned and tainted ``shoal.dev/revoking``), and the node's workers checkpoint (their
+  job makes no progress meanwhile) and leave: no work is lost when the notice is at least the
+  checkpoint's time; when it is shorter they leave at once and their gang rolls back. Without
+  ``checkpoint_on_notice`` the workers die at removal and their job rolls back to its
   last periodic checkpoint. Either way a gang left below its minimum makes no progress; it is
   *torn* (:mod:`scheduler.torn`), as in the live loop: it comes first in the next decisions, and
   if no room is found for its missing members its survivors keep their GPUs for the torn grace,
@@ -30,8 +37,11 @@ Model, stated so results can be read correctly:
   eviction succeeds at once). The clock stops, and the step runs, at every moment the ledgers
   say something is due: an eviction, a hold that ends (room given back counts as freed), a torn
   gang's release (its survivors leave as victims do, counted apart). A victim that was asked to
-  leave checkpoints first when workers act on notices (``checkpoint_on_notice``); otherwise its
-  gang rolls back to its last periodic checkpoint, and that work is counted as lost to reclaim.
+  leave checkpoints first when workers act on notices (``checkpoint_on_notice``) and its
+  checkpoint fits in the grace; otherwise its gang rolls back to its last periodic checkpoint,
+  and that work is counted as lost to reclaim.
+- Shoal's loss features are switched on per run (:data:`FEATURES`); all off is the scheduler
+  as it was before them. Goodput is the full-size work done over the GPU-seconds bound.
 """
 
 from __future__ import annotations
@@ -45,16 +55,33 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from contracts import names
+from contracts import names, progress
 from scheduler import topology
 from scheduler.cache import Cache, Snapshot
 from scheduler.cycle import Config, Decision
-from scheduler.model import Assignment, Gang, GangKey, Node, NodeName, PodKey, PodRequest, Resources
+from scheduler.loss import PATIENCE_ANNOTATION
+from scheduler.model import (
+    Assignment,
+    Gang,
+    GangKey,
+    Node,
+    NodeName,
+    PodKey,
+    PodRequest,
+    Resources,
+    Taint,
+)
+from scheduler.placement.risk import (
+    MAX_MEMBER_RISK_ANNOTATION,
+    MAX_QUORUM_RISK_ANNOTATION,
+    RiskLedger,
+)
 from scheduler.placement.score import Weights
+from scheduler.placement.shapes import ShapeLedger
 from scheduler.queue import GangQueue
 from scheduler.reclaim_ledger import ReclaimLedger
 from scheduler.simulate.inputs import JobSpec, SpotEvent
-from scheduler.step import Ledgers, Opening, Step, StepSettings, step
+from scheduler.step import Ask, Ledgers, Opening, Step, StepSettings, step
 
 NAMESPACE = "sim"
 _EPS = 1e-6
@@ -75,10 +102,48 @@ POLICIES: Mapping[str, Config] = {
 }
 
 
+#: The Shoal features a run may switch on (:attr:`Settings.features`); each is off unless named.
+#:
+#: - ``least-loss``: workers report their progress (``shoal.dev/progress``, kept up to date on
+#:   the simulated pods at every checkpoint), so reclaim takes the members whose expected loss is
+#:   smallest (:mod:`scheduler.loss`) instead of the youngest;
+#: - ``patience``: every gang carries ``shoal.dev/reclaim-patience``
+#:   (:attr:`Settings.patience_seconds`): its reclaim waits for the victims' next checkpoint
+#:   (needs ``least-loss``: a member that reports no progress is asked at once);
+#: - ``early-warning``: a spot node gets an early warning :attr:`Settings.warning_seconds` before
+#:   its removal (a rebalance recommendation, cordoned as a termination handler does), and the
+#:   step moves its surplus members at their next checkpoint (:mod:`scheduler.early_warning`);
+#: - ``risk``: risk-aware placement (:mod:`scheduler.placement.risk`): revocation rates per
+#:   capacity pool learned from the notices (each noticed node is tainted
+#:   ``shoal.dev/revoking``, as its agent does), a quorum on the lowest-risk capacity that holds
+#:   it. No operator table: the rates start at 0 and are learned during the run;
+#: - ``quorum-bound``: every gang whose checkpoint takes longer than the notice asks for
+#:   ``shoal.dev/max-quorum-risk`` (:attr:`Settings.max_quorum_risk`): with ``risk``, its quorum
+#:   waits rather than go to capacity that risks more than that of losing a member in an hour;
+#: - ``member-bound``: every gang whose checkpoint takes longer than the notice asks for
+#:   ``shoal.dev/max-member-risk`` (:attr:`Settings.max_member_risk`): with ``risk``, each of its
+#:   surplus members goes to the lowest-risk capacity, and waits rather than take a node that
+#:   risks more than that of being revoked in an hour (a revoked surplus member rolls such a
+#:   gang back as a quorum member does).
+FEATURES: tuple[str, ...] = (
+    "least-loss",
+    "patience",
+    "early-warning",
+    "risk",
+    "quorum-bound",
+    "member-bound",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     notice_seconds: float = 120.0
+    #: A checkpoint takes ``checkpoint_seconds + GPUs * checkpoint_gb_per_gpu /
+    #: storage_gb_per_second`` (:meth:`checkpoint_time`; docs/benchmarks.md, "Losing the least
+    #: on spot", says where the figures come from).
     checkpoint_seconds: float = 20.0
+    checkpoint_gb_per_gpu: float = 0.0
+    storage_gb_per_second: float = 2.5
     restart_seconds: float = 30.0
     checkpoint_interval: float = 1800.0
     checkpoint_on_notice: bool = True
@@ -95,6 +160,35 @@ class Settings:
     record_effects: bool = False
     #: Stop the clock here even if jobs remain (seconds after the first submission).
     horizon: float | None = None
+    #: The Shoal features switched on (names from :data:`FEATURES`).
+    features: frozenset[str] = frozenset()
+    #: With ``patience``: how long a reclaim may wait for its victims' next checkpoint.
+    patience_seconds: float = 1800.0
+    #: With ``early-warning``: how long before its removal a spot node is warned (0: never).
+    warning_seconds: float = 0.0
+    #: With ``quorum-bound``: the chance of losing a quorum member within an hour a gang
+    #: whose checkpoint outlasts the notice accepts.
+    max_quorum_risk: float = 0.05
+    #: With ``member-bound``: the chance of losing a surplus member within an hour a gang
+    #: whose checkpoint outlasts the notice accepts.
+    max_member_risk: float = 0.05
+    #: Count the pod shapes and gang sizes that arrive in what a placement costs, as the live
+    #: loop does by default (``--arrived-shapes``), for a policy whose weights count what a
+    #: placement costs the likely pods (Shoal's).
+    arrived_shapes: bool = True
+
+    def checkpoint_time(self, spec: JobSpec) -> float:
+        """Seconds one checkpoint of ``spec`` takes: a fixed part plus its model state (a
+        share per GPU of the job at full size) written at the storage's bandwidth."""
+        if self.storage_gb_per_second <= 0:
+            return self.checkpoint_seconds
+        state = spec.gpus * self.checkpoint_gb_per_gpu
+        return self.checkpoint_seconds + state / self.storage_gb_per_second
+
+    def label(self) -> str:
+        """The features on, as a table shows them."""
+        on = [f for f in FEATURES if f in self.features]
+        return "+".join(on) if on else "none"
 
 
 @dataclass(slots=True)
@@ -114,6 +208,10 @@ class _Job:
     rack_measured: bool = False
     cached: Gang | None = None
     bound_count: int = 0
+    #: When its last complete checkpoint was taken (``None``: none yet), and the one its
+    #: members' progress reports last said.
+    saved_at: float | None = None
+    reported: tuple[float | None, float] | None = None
 
     @property
     def key(self) -> GangKey:
@@ -158,6 +256,10 @@ class Revocation:
     pods: int = 0
     lost_gpu_seconds: float = 0.0
     downtime_seconds: float = 0.0
+    #: Jobs it took below their minimum (a member of their quorum was on the node).
+    quorum_jobs: int = 0
+    #: Of ``pods``, those above their gang's minimum (surplus) when the node went.
+    surplus_pods: int = 0
 
 
 @dataclass(slots=True)
@@ -198,8 +300,31 @@ class Result:
     torn_told: int = 0
     torn_released: int = 0
     torn_released_pods: int = 0
+    torn_released_lost_gpu_seconds: float = 0.0
+    #: Surplus members moved off a node with an early warning, and the work that cost.
+    moved_pods: int = 0
+    moved_lost_gpu_seconds: float = 0.0
+    #: Full-size work done by the end (GPU-seconds a job at full size would have spent on it).
+    useful_gpu_seconds: float = 0.0
+    #: Members revoked, by their job's GPUs at full size: (quorum members, surplus members).
+    revoked_by_job_gpus: dict[int, tuple[int, int]] = field(default_factory=dict)
+    #: Bindings to spot nodes: members of a quorum (the first ``min`` of a gang) or surplus.
+    spot_binds_quorum: int = 0
+    spot_binds_surplus: int = 0
+    binds_quorum: int = 0
+    binds_surplus: int = 0
     #: With ``record_effects``: (time, effect, pod or gang, detail) as the loop carried them out.
     effects: list[tuple[float, str, str, str]] = field(default_factory=list)
+
+    def lost_gpu_seconds(self) -> float:
+        """Work rolled back, for every cause: revocations, reclaims, torn gangs released,
+        members moved off warned nodes."""
+        return (
+            sum(r.lost_gpu_seconds for r in self.revocations)
+            + self.reclaim_lost_gpu_seconds
+            + self.torn_released_lost_gpu_seconds
+            + self.moved_lost_gpu_seconds
+        )
 
     def summary(self) -> dict[str, Any]:
         done = [j for j in self.jobs if j["finished"] is not None]
@@ -249,6 +374,22 @@ class Result:
             ),
             "reclaimed_pods": self.reclaimed_pods,
             "reclaim_lost_gpu_hours": round(self.reclaim_lost_gpu_seconds / 3600, 2),
+            "features": self.settings.label(),
+            "goodput": _ratio(self.useful_gpu_seconds, self.used_gpu_seconds),
+            "lost_gpu_hours_total": round(self.lost_gpu_seconds() / 3600, 2),
+            "quorum_revocations": sum(1 for r in self.revocations if r.quorum_jobs),
+            "revoked_pods": sum(r.pods for r in self.revocations),
+            "revoked_surplus_pods": sum(r.surplus_pods for r in self.revocations),
+            "moved_pods": self.moved_pods,
+            "moved_lost_gpu_hours": round(self.moved_lost_gpu_seconds / 3600, 2),
+            "torn_released_lost_gpu_hours": round(self.torn_released_lost_gpu_seconds / 3600, 2),
+            "binds_quorum": self.binds_quorum,
+            "binds_surplus": self.binds_surplus,
+            "spot_binds_quorum": self.spot_binds_quorum,
+            "spot_binds_surplus": self.spot_binds_surplus,
+            "revoked_quorum_and_surplus_members_by_job_gpus": {
+                str(gpus): list(pair) for gpus, pair in sorted(self.revoked_by_job_gpus.items())
+            },
             "torn_gangs_told": self.torn_told,
             "torn_gangs_released": self.torn_released,
             "torn_released_pods": self.torn_released_pods,
@@ -280,9 +421,10 @@ def _share(part: int, whole: int) -> float | None:
     return round(part / whole, 4) if whole else None
 
 
-def _pod(spec: JobSpec, index: int) -> PodRequest:
+def _pod(spec: JobSpec, index: int, annotations: Mapping[str, str]) -> PodRequest:
     name = f"{spec.id}-{index}"
     return PodRequest(
+        annotations=annotations,
         key=PodKey(f"{NAMESPACE}/{name}"),
         namespace=NAMESPACE,
         name=name,
@@ -310,6 +452,10 @@ class Simulation:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose from {sorted(POLICIES)}")
         self.config = POLICIES[policy]
+        if "risk" in settings.features:
+            self.config = dataclasses.replace(self.config, risk=RiskLedger())
+        if settings.arrived_shapes and self.config.weights.fragment:
+            self.config = dataclasses.replace(self.config, shapes=ShapeLedger())
         self.settings = settings
         self.result = Result(policy=policy, settings=settings)
         self.cache = Cache(assume_ttl=math.inf, topology_keys=self.config.topology_keys)
@@ -321,24 +467,49 @@ class Simulation:
                 reclaim_grace=settings.reclaim_grace,
                 hold_extra=settings.hold_extra,
                 torn_grace=settings.torn_grace,
+                # A node is cordoned at its notice, which tells its pods at once; only the
+                # early warnings of the ``early-warning`` feature come before.
+                early_warnings="early-warning" in settings.features,
             )
         )
+        unknown = settings.features - set(FEATURES)
+        if unknown:
+            raise ValueError(f"unknown features {sorted(unknown)}; choose from {FEATURES}")
+        self.progress = "least-loss" in settings.features
         self.nodes = {n.name: n for n in nodes}
         self.live: set[NodeName] = set()
-        self.jobs = {
-            spec.id: _Job(spec, {p.key: p for p in (_pod(spec, i) for i in range(spec.max_pods))})
-            for spec in jobs
-        }
+        self.jobs: dict[str, _Job] = {}
+        for spec in jobs:
+            notes = self._annotations(spec)
+            pods = (_pod(spec, i, notes) for i in range(spec.max_pods))
+            self.jobs[spec.id] = _Job(spec, {p.key: p for p in pods})
         self.active: dict[str, _Job] = {}
         self.owner = {key: job for job in self.jobs.values() for key in job.pods}
         #: Members of torn gangs asked to leave (their eviction is not a reclaim).
         self._released: set[PodKey] = set()
+        #: Surplus members asked to leave a node with an early warning (not a reclaim either).
+        self._moved: set[PodKey] = set()
+        #: The latest revocation record of each node.
+        self._last_revocation: dict[NodeName, int] = {}
         #: Times at which a "tick" event is queued (one per instant is enough).
         self._ticks: set[float] = set()
         self._events: list[tuple[float, int, str, Any]] = []
         self._current: tuple[float, int, int, float, int] | None = None
         self._seq = itertools.count()
         self._plan(spot)
+
+    def _annotations(self, spec: JobSpec) -> dict[str, str]:
+        """What the features put on a job's pods from the start."""
+        settings = self.settings
+        notes = {}
+        if "patience" in settings.features:
+            notes[PATIENCE_ANNOTATION] = f"{settings.patience_seconds:g}"
+        short = settings.checkpoint_time(spec) > settings.notice_seconds
+        if "quorum-bound" in settings.features and short:
+            notes[MAX_QUORUM_RISK_ANNOTATION] = f"{settings.max_quorum_risk:g}"
+        if "member-bound" in settings.features and short:
+            notes[MAX_MEMBER_RISK_ANNOTATION] = f"{settings.max_member_risk:g}"
+        return notes
 
     @property
     def queue(self) -> GangQueue:
@@ -390,6 +561,9 @@ class Simulation:
             elif event.node in holder:
                 target, since = holder.pop(event.node)
                 notice_at = max(since, event.time - self.settings.notice_seconds)
+                warn_at = max(since, event.time - self.settings.warning_seconds)
+                if self.settings.warning_seconds > 0 and warn_at < notice_at:
+                    self._push(warn_at, "warn", target)
                 self._push(notice_at, "notice", (target, event.time))
                 self._push(event.time, "remove", target)
                 free.append(target)
@@ -440,6 +614,8 @@ class Simulation:
                 effect = self._on_add(data)
             case "notice":
                 effect = self._on_notice(data, now)
+            case "warn":
+                effect = self._on_warn(data)
             case "remove":
                 effect = self._on_remove(data, now)
             case "tick":
@@ -487,6 +663,13 @@ class Simulation:
             self._revoke(node, now, notice=removal - now)
         return "freed"
 
+    def _on_warn(self, node: NodeName) -> str:
+        """An early warning (a rebalance recommendation): the node is cordoned, as a
+        termination handler does, and the step decides what to move."""
+        if node in self.live:
+            self.cache.set_node(dataclasses.replace(self.nodes[node], unschedulable=True))
+        return "tick"
+
     def _on_remove(self, node: NodeName, now: float) -> str:
         """A node is gone, with whatever still ran on it."""
         if node in self.live:
@@ -512,6 +695,8 @@ class Simulation:
         if wake:
             self.ledgers.freed()
         while True:
+            if self.progress:
+                self._report_progress(now)
             gangs = [job.gang() for job in self.active.values()]
             snapshot = self.cache.snapshot()
             this = step(self.ledgers, gangs, snapshot, now)
@@ -544,7 +729,18 @@ class Simulation:
         for shrink in opening.shrunk:
             for pod in shrink.asked:
                 self._effect(now, "ask", pod.name, f"{shrink.leave_by:g}")
+        self._asked(opening.asks, now)
         return freed
+
+    def _asked(self, asks: Sequence[Ask], now: float) -> None:
+        """Victims that waited for their checkpoint asked now, and surplus members of warned
+        nodes (asked for their own gang: moved, not reclaimed)."""
+        for ask in asks:
+            for pod in ask.asked:
+                if self.owner[pod.key].key == ask.gang.key:
+                    self._moved.add(pod.key)
+                self._effect(now, "ask", pod.name, f"{ask.leave_by:g}")
+            self._wake_at_checkpoints(ask.waiting, now)
 
     def _carry_out(self, this: Step, snapshot: Snapshot, now: float) -> bool:
         """Carry out the step's decisions in turn; says whether there was any. Each one's
@@ -564,6 +760,7 @@ class Simulation:
                 self._effect(now, "torn", gang_name, f"{outcome.told.release_at:g}")
             for pod in outcome.asked:
                 self._effect(now, "ask", pod.name, f"{outcome.leave_by:g}")
+            self._wake_at_checkpoints(outcome.waiting, now)
             if decision.progressed:
                 held = this.reserved.items()
                 view = snapshot.with_assignments(placed).with_reserved(
@@ -580,6 +777,49 @@ class Simulation:
         if self.settings.record_effects:
             self.result.effects.append((now, kind, name, detail))
 
+    def _wake_at_checkpoints(self, pods: Sequence[PodRequest], now: float) -> None:
+        """Run the step again at the next checkpoint of each job whose members wait for it
+        (their progress report changes then)."""
+        interval = self.settings.checkpoint_interval
+        if interval <= 0:
+            return
+        for pod in pods:
+            job = self.owner[pod.key]
+            if job.finished is None and job.running:
+                due = job.origin + (math.floor((now - job.origin) / interval) + 1) * interval
+                if due not in self._ticks:
+                    self._ticks.add(due)
+                    self._push(due, "tick", None)
+
+    def _report_progress(self, now: float) -> None:
+        """Keep each bound job's ``shoal.dev/progress`` report on its pods, as its workers and
+        node agents would: rewritten when the job completes a checkpoint or restarts."""
+        for job in self.active.values():
+            if not job.bound:
+                continue
+            self._advance(job, now)
+            mark = (job.saved_at, job.origin)
+            if mark == job.reported:
+                continue
+            job.reported = mark
+            at = job.origin if job.saved_at is None else max(job.saved_at, job.origin)
+            step = int(job.saved)
+            text = progress.encode(
+                progress.Progress(
+                    step=step,
+                    step_seconds=1.0,
+                    checkpoint_step=step,
+                    checkpoint_at=job.saved_at,
+                    checkpoint_seconds=self.settings.checkpoint_time(job.spec),
+                    reported_at=at,
+                )
+            )
+            for key, pod in job.pods.items():
+                notes = {**pod.annotations, names.PROGRESS_ANNOTATION: text}
+                job.pods[key] = dataclasses.replace(pod, annotations=notes)
+                self.cache.set_pod(job.pods[key])
+            job.changed()
+
     def _wake_for_step(self, now: float) -> None:
         """Stop the clock when the step's ledgers next have something due (an eviction, a
         hold that ends, a torn gang's release)."""
@@ -593,7 +833,13 @@ class Simulation:
         self._advance(job, now)
         was_running = job.running
         self._measure_placement(decision, snapshot)
-        for assignment in decision.bindings:
+        for index, assignment in enumerate(decision.bindings):
+            in_quorum = index < decision.min_count
+            spot = self.nodes[assignment.node].spot
+            self.result.binds_quorum += in_quorum
+            self.result.binds_surplus += not in_quorum
+            self.result.spot_binds_quorum += in_quorum and spot
+            self.result.spot_binds_surplus += spot and not in_quorum
             pod = dataclasses.replace(job.pods[assignment.pod], node=assignment.node)
             job.pods[pod.key] = pod
             job.bound_count += 1
@@ -629,6 +875,7 @@ class Simulation:
                 last_checkpoint = job.origin + math.floor((now - job.origin) / interval) * interval
                 if last_checkpoint > start:
                     job.saved = job.work + rate * (last_checkpoint - start)
+                    job.saved_at = last_checkpoint
             job.work = min(job.spec.duration, job.work + rate * (now - start))
         job.last = now
 
@@ -653,24 +900,41 @@ class Simulation:
         """The node is going: workers leave (notice) or die (removal)."""
         record_index = self._revocation_record(node, now, notice)
         record = self.result.revocations[record_index]
-        graceful = not remove and notice >= self.settings.checkpoint_seconds
         if remove:
             self.live.discard(node)
             self.cache.remove_node(node)
         else:
-            self.cache.set_node(dataclasses.replace(self.nodes[node], unschedulable=True))
+            # Cordoned and tainted shoal.dev/revoking, as its node agent does on a notice.
+            noticed = dataclasses.replace(
+                self.nodes[node],
+                unschedulable=True,
+                taints=(*self.nodes[node].taints, Taint(names.REVOKING_TAINT)),
+            )
+            self.cache.set_node(noticed)
         for job in list(self.active.values()):
             leaving = [k for k, p in job.pods.items() if p.node == node]
             if not leaving:
                 continue
             record.jobs += 1
             record.pods += len(leaving)
+            surplus = min(len(leaving), max(0, job.bound - job.spec.min_pods))
+            record.surplus_pods += surplus
+            quorum_before, surplus_before = self.result.revoked_by_job_gpus.get(
+                job.spec.gpus, (0, 0)
+            )
+            self.result.revoked_by_job_gpus[job.spec.gpus] = (
+                quorum_before + len(leaving) - surplus,
+                surplus_before + surplus,
+            )
             self._advance(job, now)
             pause = self.settings.restart_seconds
-            if graceful:
-                job.saved = job.work
-                pause += self.settings.checkpoint_seconds
+            checkpoint = self.settings.checkpoint_time(job.spec)
+            if not remove and notice >= checkpoint:
+                # The notice leaves time to finish a checkpoint: nothing is lost.
+                job.saved, job.saved_at = job.work, now
+                pause += checkpoint
             else:
+                # The gang (synchronous) rolls back to its last complete checkpoint.
                 record.lost_gpu_seconds += (job.work - job.saved) * job.spec.gpus
                 job.work = job.saved
             was_running = job.running
@@ -679,6 +943,7 @@ class Simulation:
             if not job.running:
                 # Stopped (its survivors, if any, wait torn for the rest): down until it runs
                 # again.
+                record.quorum_jobs += was_running
                 if was_running or job.down_since is None:
                     job.down_since = now
                 job.down_revocations.append(record_index)
@@ -693,30 +958,42 @@ class Simulation:
         if job.finished is not None or job.pods[key].node is None:
             return False
         self._advance(job, now)
+        pause = self.settings.restart_seconds
+        checkpoint = self.settings.checkpoint_time(job.spec)
+        lost = 0.0
+        if self.settings.checkpoint_on_notice and checkpoint <= self.settings.reclaim_grace:
+            # Asked to leave, it checkpoints within its grace: nothing is lost.
+            job.saved, job.saved_at = job.work, now
+            pause += checkpoint
+        else:
+            # It leaves before a checkpoint could finish: the gang rolls back to its last one.
+            lost = (job.work - job.saved) * job.spec.gpus
+            job.work = job.saved
         if key in self._released:
             self._released.discard(key)
             self.result.torn_released_pods += 1
+            self.result.torn_released_lost_gpu_seconds += lost
+        elif key in self._moved:
+            self._moved.discard(key)
+            self.result.moved_pods += 1
+            self.result.moved_lost_gpu_seconds += lost
         else:
             self.result.reclaimed_pods += 1
-        pause = self.settings.restart_seconds
-        if self.settings.checkpoint_on_notice:
-            job.saved = job.work
-            pause += self.settings.checkpoint_seconds
-        else:
-            self.result.reclaim_lost_gpu_seconds += (job.work - job.saved) * job.spec.gpus
-            job.work = job.saved
+            self.result.reclaim_lost_gpu_seconds += lost
         self._unbind(job, key)
         job.paused_until = now + pause
         self._reschedule_finish(job, now)
         return True
 
     def _revocation_record(self, node: NodeName, now: float, notice: float) -> int:
-        for i in range(len(self.result.revocations) - 1, -1, -1):
-            r = self.result.revocations[i]
-            if r.node == node and now - r.time <= self.settings.notice_seconds + _EPS:
-                return i  # the removal of a node already noticed
+        last = self._last_revocation.get(node)
+        if last is not None:
+            r = self.result.revocations[last]
+            if now - r.time <= self.settings.notice_seconds + _EPS:
+                return last  # the removal of a node already noticed
         self.result.revocations.append(Revocation(node=node, time=now, notice=notice))
-        return len(self.result.revocations) - 1
+        index = self._last_revocation[node] = len(self.result.revocations) - 1
+        return index
 
     def _unbind(self, job: _Job, key: PodKey) -> None:
         pod = dataclasses.replace(job.pods[key], node=None)
@@ -727,6 +1004,7 @@ class Simulation:
 
     def _close(self, now: float) -> None:
         for job in self.jobs.values():
+            self.result.useful_gpu_seconds += job.work * job.spec.gpus
             if job.down_since is not None:
                 for index in job.down_revocations:
                     self.result.revocations[index].downtime_seconds += now - job.down_since

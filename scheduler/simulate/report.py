@@ -59,6 +59,44 @@ def table(results: Sequence[Result]) -> str:
     return "\n".join(lines)
 
 
+#: The columns of :func:`loss_table`: header, summary key, unit.
+_LOSS_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("goodput", "goodput", ""),
+    ("GPU-h lost", "lost_gpu_hours_total", ""),
+    ("... to revocations", "lost_gpu_hours", ""),
+    ("... to reclaims", "reclaim_lost_gpu_hours", ""),
+    ("... to torn releases", "torn_released_lost_gpu_hours", ""),
+    ("... to moves", "moved_lost_gpu_hours", ""),
+    ("revocations hitting jobs", "revocations_affecting_jobs", ""),
+    ("quorum revocations", "quorum_revocations", ""),
+    ("revoked pods (surplus)", "revoked_pods", ""),
+    ("reclaimed pods", "reclaimed_pods", ""),
+    ("moved pods", "moved_pods", ""),
+    ("JCT mean", "jct_mean_s", "s"),
+    ("makespan", "makespan_s", "s"),
+)
+
+
+def loss_table(results: Sequence[Result]) -> str:
+    """What each run lost on spot, as a Markdown table: goodput (full-size work done over
+    GPU-seconds bound), GPU-hours lost by cause, revocations that took a gang below its minimum."""
+    header = ["policy", "features", "notice", *(c[0] for c in _LOSS_COLUMNS)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in results:
+        s = r.summary()
+        notice = f"{r.settings.notice_seconds:g} s"
+        if not r.settings.checkpoint_on_notice:
+            notice += " (ignored)"
+        cells = [r.policy, r.settings.label(), notice]
+        for _, key, unit in _LOSS_COLUMNS:
+            cell = _cell(s[key], unit)
+            if key == "revoked_pods":
+                cell = f"{cell} ({s['revoked_surplus_pods']})"
+            cells.append(cell)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _cell(value: object, unit: str) -> str:
     """One table cell: "-" for no value, seconds in a readable unit, floats rounded."""
     if value is None:
