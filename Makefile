@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv devcluster browser images lint unit integration test demo clean
+.PHONY: venv devcluster browser slurm images lint unit integration test demo clean
 
 $(STAMP): pyproject.toml worker/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,12 @@ devcluster: $(STAMP)
 browser: $(STAMP)
 	-$(PY) -m devcluster browser
 
+# Debian's Slurm (slurmctld, slurmd, slurm-client, munge) for tests/integration/slurm/ (root
+# installs it, starting no service; no-op when installed; without it those tests are skipped,
+# saying why). See slurmcluster/install.py.
+slurm: $(STAMP)
+	-$(PY) -m slurmcluster install
+
 # The two images, built with podman from Debian's packages (no registry, no Docker), as OCI
 # archives: build/shoal-scheduler.oci.tar and build/shoal-agent.oci.tar. Installs podman, runc
 # and mmdebstrap as root when missing; needs no virtualenv. See devcluster/images.py.
@@ -40,15 +46,17 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit
 
-integration: devcluster browser
+integration: devcluster browser slurm
 	$(PY) -m pytest tests/integration
 
 # Lint, type-check, layer contracts, then every test (unit and integration) in one run, on
 # TEST_WORKERS pytest-xdist workers, each with its own devcluster (most of a test's time is spent
 # waiting on the cluster, so more workers than cores pay). A module or folder that shares one
-# costly fixture runs on one worker (tests/conftest.py). TEST_WORKERS=0 runs them in one process.
+# costly fixture runs on one worker; the tests that took longest in the last run start first
+# (tests/conftest.py, from pytest's cache); the ten slowest are printed at the end (pyproject's
+# --durations=10). TEST_WORKERS=0 runs them in one process.
 TEST_WORKERS ?= 4
-test: lint devcluster browser images
+test: lint devcluster browser slurm images
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 demo: devcluster

@@ -25,6 +25,17 @@ less the bench's own taint patches (a GET and a PATCH per node) and the cluster'
 idle, per agent. What the cluster does in answer to the agents (kwok deleting an evicted pod)
 is not subtracted: the table shows it by resource.
 
+With ``--progress-every S``, a count with progress reports follows the idle one: the worker pod
+of every node reports its progress through the worker library (``shoal_worker.ProgressReporter``,
+over its agent's socket) every ``S`` seconds, with a new step each time, for
+``--progress-seconds``; the same tables are printed, and the agents' progress writes (a PATCH of
+a pod carrying ``shoal.dev/progress``, seen on the wire) per pod: per minute, the shortest gap
+between two writes of one pod, and the most writes of one pod within any 59 s (the budget: one
+write per pod per minute, ``contracts.progress.MIN_WRITE_INTERVAL_S``)::
+
+    .venv/bin/python bench/agent_api_requests.py --agents 50 --seconds 180 \
+        --progress-every 5 --progress-seconds 300
+
 ``--checkout DIR`` runs the agents from another checkout (its ``nodeagent`` package first on the
 path), to compare with an earlier version:
 
@@ -39,6 +50,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import itertools
 import re
 import sys
 import tempfile
@@ -54,7 +66,10 @@ import aiohttp
 import yaml
 from aiohttp import web
 from kubernetes import client, config
+from shoal_worker import NoticeClient, PodIdentity, ProgressReporter
 
+from contracts import names as contract_names
+from contracts.progress import MIN_WRITE_INTERVAL_S
 from devcluster import build, cluster, nodes
 from nodeagent.adapters.k8s.transport import from_kubeconfig
 from tests.integration.nodeagent.harness import AgentProcess, release, worker_pod
@@ -71,6 +86,8 @@ class CountingProxy:
         self.server = upstream.server.rstrip("/")
         self._ssl = upstream.context
         self.counts: collections.Counter[str] = collections.Counter()
+        #: When each pod's shoal.dev/progress was patched (monotonic), by request path.
+        self.progress_writes: dict[str, list[float]] = collections.defaultdict(list)
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -110,6 +127,8 @@ class CountingProxy:
         self.counts[f"{verb} {request.path}"] += 1
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP}
         body = await request.read()
+        if request.method == "PATCH" and _PROGRESS in body:
+            self.progress_writes[request.path].append(time.monotonic())
         async with self._session.request(
             request.method,
             self.server + request.path_qs,
@@ -128,6 +147,9 @@ class CountingProxy:
             except (ConnectionError, aiohttp.ClientError):
                 pass  # the agent closed its end (a watch it ended, or the agent stopped)
             return answer
+
+
+_PROGRESS = contract_names.PROGRESS_ANNOTATION.encode()
 
 
 def proxied_kubeconfig(kubeconfig: str, port: int, path: Path) -> str:
@@ -182,6 +204,19 @@ def start_agents(agents: list[AgentProcess]) -> None:
         list(pool.map(lambda a: a.start(), agents))
 
 
+def create_pods(core: Any, namespace: str, names: list[str]) -> tuple[list[str], list[PodIdentity]]:
+    """A worker pod and a sidecar on each node; returns every pod's name and the workers."""
+    pods: list[str] = []
+    trainers: list[PodIdentity] = []
+    for i, node in enumerate(names):
+        for name, worker in ((f"trainer-{i}", True), (f"metrics-sidecar-{i}", False)):
+            created = core.create_namespaced_pod(namespace, worker_pod(name, node, worker=worker))
+            pods.append(name)
+            if worker:
+                trainers.append(PodIdentity(namespace, name, created.metadata.uid))
+    return pods, trainers
+
+
 def measure(
     kubeconfig: str,
     core: Any,
@@ -193,18 +228,15 @@ def measure(
     checkout: str | None,
     work: Path,
     notice_seconds: float = 0.0,
+    progress_every: float = 0.0,
+    progress_seconds: float = 0.0,
 ) -> None:
     work.mkdir(parents=True, exist_ok=True)
     spec = nodes.NodeSpec(count=agents, gpus=8, prefix=f"bench-api-{uuid.uuid4().hex[:6]}")
     names = nodes.create(kubeconfig, spec)
     namespace = f"bench-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": namespace}})
-    pods: list[str] = []
-    for i, node in enumerate(names):
-        for name, worker in ((f"trainer-{i}", True), (f"metrics-sidecar-{i}", False)):
-            pod = worker_pod(name, node, worker=worker)
-            core.create_namespaced_pod(namespace, pod)
-            pods.append(name)
+    pods, trainers = create_pods(core, namespace, names)
     proxy = CountingProxy(kubeconfig).start()
     proxied = proxied_kubeconfig(kubeconfig, proxy.port, work / "proxied.kubeconfig")
     running = [
@@ -238,6 +270,17 @@ def measure(
         time.sleep(seconds)
         wire, server = proxy.snapshot() - wire_before, server_counts(kubeconfig) - server_before
         took = time.monotonic() - started
+        if progress_every > 0:
+            sockets = [agent.socket_path for agent in running]
+            reported = reporting(
+                kubeconfig,
+                proxy,
+                trainers=trainers,
+                sockets=sockets,
+                every=progress_every,
+                seconds=progress_seconds,
+                settle=settle,
+            )
         if notice_seconds > 0:
             noticed = under_notice(kubeconfig, core, proxy, names, notice_seconds)
     finally:
@@ -249,6 +292,24 @@ def measure(
         for node in names:
             core.delete_node(node)
     report(agents, checkout, took=took, base_took=base_took, server=server, base=base, wire=wire)
+    if progress_every > 0:
+        p_took, p_server, p_wire, writes = reported
+        print()
+        print(
+            f"with progress reports (each node's worker pod every {progress_every:g} s through "
+            f"the worker library), {p_took:.0f} s:"
+        )
+        report(
+            agents,
+            checkout,
+            took=p_took,
+            base_took=base_took,
+            server=p_server,
+            base=base,
+            wire=p_wire,
+            phase="reporting progress",
+        )
+        progress_report(writes, len(trainers), p_took)
     if notice_seconds > 0:
         n_took, n_server, n_wire = noticed
         print()
@@ -263,6 +324,94 @@ def measure(
             wire=n_wire,
             per_notice=True,
         )
+
+
+def reporting(
+    kubeconfig: str,
+    proxy: CountingProxy,
+    *,
+    trainers: list[PodIdentity],
+    sockets: list[str],
+    every: float,
+    seconds: float,
+    settle: float,
+) -> tuple[float, collections.Counter[str], collections.Counter[str], dict[str, list[float]]]:
+    """Each trainer pod reports a new step every ``every`` seconds; after ``settle`` seconds
+    (past each pod's first write, made at once), count the requests over ``seconds``; returns
+    the time counted, the API server's and the wire's counts, and each pod's progress writes
+    within it."""
+    reporters = [
+        ProgressReporter(NoticeClient(pod, socket))
+        for pod, socket in zip(trainers, sockets, strict=True)
+    ]
+    stop = threading.Event()
+
+    def report_all() -> None:
+        step = 0
+        while not stop.is_set():
+            step += 1
+            for reporter in reporters:
+                reporter.report(step, step_seconds=every, checkpoint_step=step // 10 * 10)
+            stop.wait(every)
+
+    driver = threading.Thread(target=report_all, name="bench-progress", daemon=True)
+    driver.start()
+    try:
+        time.sleep(settle)
+        wire_before, server_before = proxy.snapshot(), server_counts(kubeconfig)
+        started = time.monotonic()
+        time.sleep(seconds)
+        ended = time.monotonic()
+        wire, server = proxy.snapshot() - wire_before, server_counts(kubeconfig) - server_before
+    finally:
+        stop.set()
+        driver.join(timeout=30)
+        for reporter in reporters:
+            reporter.close()
+    sent = sum(r.sent for r in reporters)
+    print(f"progress reports taken by the agents: {sent} ({sent / len(reporters):.1f} per pod)")
+    writes = {
+        path: [t for t in times if started <= t < ended]
+        for path, times in proxy.progress_writes.items()
+    }
+    return ended - started, server, wire, writes
+
+
+def progress_report(writes: dict[str, list[float]], pods: int, took: float) -> None:
+    """The agents' progress writes per pod: against the budget of one per pod per minute."""
+    counts = [len(times) for times in writes.values()]
+    total = sum(counts)
+    gaps = [b - a for times in writes.values() for a, b in itertools.pairwise(sorted(times))]
+    window = max(
+        (_most_within(sorted(times), MIN_WRITE_INTERVAL_S - JITTER) for times in writes.values()),
+        default=0,
+    )
+    print(f"progress writes (PATCH pods with {contract_names.PROGRESS_ANNOTATION}):")
+    print(
+        f"  {total} writes for {pods} reporting pods in {took:.0f} s: "
+        f"{total / pods / (took / 60):.3f} per pod per minute "
+        f"(budget {60 / MIN_WRITE_INTERVAL_S:g}); pods written {len(writes)}, "
+        f"per pod {min(counts, default=0)}-{max(counts, default=0)}"
+    )
+    print(
+        f"  shortest gap between two writes of one pod {min(gaps, default=float('nan')):.2f} s "
+        f"(on the wire); most writes of one pod within any {MIN_WRITE_INTERVAL_S - JITTER:g} s: "
+        f"{window}"
+    )
+
+
+#: Seconds by which two writes a minute apart at the agent may come closer on the wire (the API
+#: thread's start, the proxy's reading).
+JITTER = 1.0
+
+
+def _most_within(times: list[float], span: float) -> int:
+    most, first = 0, 0
+    for last, at in enumerate(times):
+        while at - times[first] >= span:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
 
 
 #: A taint the agent follows by default (``--kube-taints``), that no controller here acts on.
@@ -299,9 +448,10 @@ def report(
     base: collections.Counter[str],
     wire: collections.Counter[str],
     per_notice: bool = False,
+    phase: str = "idle",
 ) -> None:
     if not per_notice:
-        print(f"{agents} agents from {checkout or 'this checkout'}, idle for {took:.0f} s")
+        print(f"{agents} agents from {checkout or 'this checkout'}, {phase} for {took:.0f} s")
     print("apiserver_request_total, nodes/pods/events, per agent (less the cluster's own at idle):")
     total = 0.0
     for verb in sorted(set(server) | set(base)):
@@ -346,6 +496,18 @@ def main() -> int:
         default=0.0,
         help="then taint every node and count this long under the notice (0: no notice)",
     )
+    p.add_argument(
+        "--progress-every",
+        type=float,
+        default=0.0,
+        help="then have each node's worker pod report progress this often (seconds) and count "
+        "(0: no reports)",
+    )
+    p.add_argument(
+        "--progress-seconds",
+        type=float,
+        help="how long to count with progress reports (default: --seconds)",
+    )
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="shoal-bench-api-") as tmp:
         work = Path(tmp)
@@ -362,6 +524,8 @@ def main() -> int:
                 checkout=args.checkout,
                 work=work / "agents",
                 notice_seconds=args.notice_seconds,
+                progress_every=args.progress_every,
+                progress_seconds=args.progress_seconds or args.seconds,
             )
         finally:
             api.close()

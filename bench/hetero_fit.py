@@ -19,12 +19,18 @@ arrived before demand reached 100%, the share turned away; and the placement's c
 allocation at 100% and 130%, and the share of the gangs whose members fit only the scarcest rack
 shape (the largest) turned away before demand reached 100%.
 
+Each arriving pod (or gang) is counted in a ``ShapeLedger`` whose view goes with the request
+(``Request.likely``: the shapes that arrived count in what a placement costs), as the live loop
+and the simulator count the gangs of each step (``Config.shapes``); ``--no-learn`` leaves it
+empty, as ``--arrived-shapes=false`` does (docs/benchmarks.md).
+
 The trace is not kept here (its folder in the repository carries no licence): pass the folder
 that holds the CSV files (``--trace``), taken from github.com/alibaba/clusterdata,
 ``cluster-trace-gpu-v2023/csv/``; see docs/benchmarks.md.
 
     .venv/bin/python -m bench.hetero_fit --trace DIR [--mix default] [--seeds 3] [--demand 1.3]
     .venv/bin/python -m bench.hetero_fit --trace DIR --gangs [--seeds 3]
+    .venv/bin/python -m bench.hetero_fit --trace DIR --seed 1 --arrivals 2500 --policy shoal
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import csv
 import random
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from contracts import names
@@ -42,6 +48,7 @@ from scheduler.cache import Cache
 from scheduler.cycle import Config
 from scheduler.model import GangKey, Node, NodeName, Placement, PodKey, PodRequest, Resources
 from scheduler.placement import Request, place
+from scheduler.placement.shapes import ShapeLedger
 from scheduler.simulate.engine import POLICIES
 
 MIB = 2**20
@@ -98,10 +105,13 @@ class Run:
     decisions_ms: list[float] | None = None
 
 
-def fill(nodes: list[Node], stream: list[Resources], config: Config, demand: float) -> Run:
+def fill(
+    nodes: list[Node], stream: list[Resources], config: Config, demand: float, *, learn: bool = True
+) -> Run:
     cache = Cache(topology_keys=config.topology_keys)
     for n in nodes:
         cache.set_node(n)
+    ledger = ShapeLedger()
     capacity = sum(n.allocatable.gpu for n in nodes)
     biggest = max(p.gpu for p in stream)
     run = Run(decisions_ms=[])
@@ -117,11 +127,14 @@ def fill(nodes: list[Node], stream: list[Resources], config: Config, demand: flo
             requests=requests,
             scheduler_name=names.SCHEDULER_NAME,
         )
+        if learn:
+            ledger.observe([requests], now=float(i))
         request = Request(
             gang=GangKey(f"fit/p{i}"),
             pods=[pod],
             topology_keys=config.topology_keys,
             weights=config.weights,
+            likely=ledger.likely(),
         )
         snap = cache.snapshot()
         started = time.process_time()
@@ -162,13 +175,21 @@ class GangRun:
     alloc_130: float = 0.0
     big_before_100: int = 0
     big_refused_before_100: int = 0
+    decisions_ms: list[float] = field(default_factory=list)
 
 
 def fill_gangs(
-    nodes: list[Node], members: list[Resources], seed: int, config: Config, demand: float
+    nodes: list[Node],
+    members: list[Resources],
+    seed: int,
+    config: Config,
+    demand: float,
+    *,
+    learn: bool = True,
 ) -> GangRun:
     """Gangs of 2-8 alike 8-GPU members, each required in one rack, until ``demand``."""
     rng = random.Random(seed)  # noqa: S311 - a reproducible workload, not a secret
+    ledger = ShapeLedger()
     cache = Cache(topology_keys=config.topology_keys)
     for n in nodes:
         cache.set_node(n)
@@ -199,15 +220,20 @@ def fill_gangs(
             )
             for i in range(size)
         ]
+        if learn:
+            ledger.observe([member] * size, now=float(g))
         request = Request(
             gang=GangKey(f"fit/g{g}"),
             pods=pods,
             topology_keys=config.topology_keys,
             required=names.RACK_LABEL,
             weights=config.weights,
+            likely=ledger.likely(),
         )
         snap = cache.snapshot()
+        started = time.process_time()
         result = place(request, snap.nodes, snap.domains, snap.origin)
+        run.decisions_ms.append((time.process_time() - started) * 1000)
         big = hosts(member) == fewest
         run.big_before_100 += big and before_full
         if isinstance(result, Placement):
@@ -234,21 +260,35 @@ def gangs_main(args: argparse.Namespace, nodes: list[Node], policies: list[str])
     print(f"{len(racks)} 8-GPU nodes (CPUs, GiB: {shapes}), {capacity} GPUs, racks of 8")
     print(
         f"{'policy':16} {'alloc@100%':>10} {'alloc@130%':>10} {'largest gangs refused <100%':>28}"
+        f" {'ms/gang p50':>11} {'p99':>6}"
     )
     for policy in policies:
         runs = [
-            fill_gangs(racks, members, seed, POLICIES[policy], args.demand)
-            for seed in range(1, args.seeds + 1)
+            fill_gangs(racks, members, seed, POLICIES[policy], args.demand, learn=args.learn)
+            for seed in seeds(args)
         ]
         big = sum(r.big_before_100 for r in runs)
         refused = sum(r.big_refused_before_100 for r in runs)
+        ms = sorted(m for r in runs for m in r.decisions_ms)
         print(
             f"{policy:16} {statistics.mean(r.alloc_100 for r in runs):>10.4f}"
             f" {statistics.mean(r.alloc_130 for r in runs):>10.4f}"
-            f" {refused / big if big else 0.0:>20.3f} ({refused}/{big})",
+            f" {refused / big if big else 0.0:>20.3f} ({refused}/{big})"
+            f" {ms[len(ms) // 2]:>11.2f} {ms[int(len(ms) * 0.99)]:>6.2f}",
             flush=True,
         )
+        for seed, r in zip(seeds(args), runs, strict=True):
+            print(
+                f"  seed {seed}: {r.alloc_100:.4f} {r.alloc_130:.4f}"
+                f" {r.big_refused_before_100}/{r.big_before_100}",
+                flush=True,
+            )
     return 0
+
+
+def seeds(args: argparse.Namespace) -> list[int]:
+    """The seeds to run: ``--seed`` as given, else 1 to ``--seeds``."""
+    return list(args.seed or range(1, args.seeds + 1))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,6 +299,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--demand", type=float, default=1.3)
     parser.add_argument("--policy", action="append", choices=sorted(POLICIES))
     parser.add_argument("--gangs", action="store_true", help="gangs in racks (see above)")
+    parser.add_argument(
+        "--no-learn",
+        dest="learn",
+        action="store_false",
+        help="do not tell the placement the shapes that arrived (a ShapeLedger's)",
+    )
+    parser.add_argument("--seed", type=int, action="append", help="run only these seeds")
+    parser.add_argument(
+        "--arrivals", type=int, help="place only the first N arrivals of each run (for timing)"
+    )
     args = parser.parse_args(argv)
     nodes = read_nodes(args.trace)
     capacity = sum(n.allocatable.gpu for n in nodes)
@@ -274,9 +324,9 @@ def main(argv: list[str] | None = None) -> int:
         pods = read_pods(args.trace, mix)
         for policy in policies:
             runs = []
-            for seed in range(1, args.seeds + 1):
-                stream = arrivals(pods, seed, int(capacity * args.demand) + 1)
-                runs.append(fill(nodes, stream, POLICIES[policy], args.demand))
+            for seed in seeds(args):
+                stream = arrivals(pods, seed, int(capacity * args.demand) + 1)[: args.arrivals]
+                runs.append(fill(nodes, stream, POLICIES[policy], args.demand, learn=args.learn))
             ms = sorted(m for r in runs for m in r.decisions_ms or [])
             big = sum(r.big_before_100 for r in runs)
             refused = sum(r.big_refused_before_100 for r in runs)
@@ -287,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
                 f" {ms[len(ms) // 2]:>10.2f} {ms[int(len(ms) * 0.99)]:>6.2f}",
                 flush=True,
             )
-            for seed, r in enumerate(runs, 1):
+            for seed, r in zip(seeds(args), runs, strict=True):
                 print(
                     f"  seed {seed}: {r.alloc_100:.4f} {r.alloc_130:.4f}"
                     f" {r.big_refused_before_100}/{r.big_before_100}",

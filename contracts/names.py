@@ -58,6 +58,8 @@ LEAVE_BY_ANNOTATION: Final = "shoal.dev/leave-by"
 RECLAIMED_FOR_ANNOTATION: Final = "shoal.dev/reclaimed-for"
 #: Why the pod was asked to leave (human-readable, next to ``shoal.dev/leave-by``).
 LEAVE_REASON_ANNOTATION: Final = "shoal.dev/leave-reason"
+#: A worker's latest progress report, written by the node agent (``contracts.progress``).
+PROGRESS_ANNOTATION: Final = "shoal.dev/progress"
 
 # kwok's convention for fake nodes (shared with kwokctl, so anyone's test nodes work).
 KWOK_NODE_ANNOTATION: Final = "kwok.x-k8s.io/node"

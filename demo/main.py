@@ -8,12 +8,16 @@ steps lost (from the checkpoints and the resumed run's first step) and the time 
 With --workers simulated, a larger story with counting workers: a real control plane (etcd,
 kube-apiserver, kube-controller-manager, kwok) with GPU nodes, the
 Shoal scheduler, one Shoal node agent per node, and three elastic jobs. The story: the jobs are
-admitted at their minimum and grown to their maximum; two spot nodes get a revocation notice;
-their workers checkpoint, acknowledge and leave; the gangs shrink but stay above their minimum
-and replacements are placed; an urgent job arrives and reclaims surplus members; capacity
-returns and the gangs regrow. Time is compressed (the notice lead and grace periods are divided
-by --compression, and the output says so). The demo exits non-zero if any expectation fails —
-a gang partially bound, a step lost, a worker killed before its checkpoint.
+admitted at their minimum and grown to their maximum; a spot node gets an early warning (an AWS
+rebalance recommendation; a cordon on the other clouds) and the scheduler moves its surplus
+worker before any notice; then that node and another get a revocation notice; the other's
+workers checkpoint, acknowledge and leave; the gangs shrink but stay above their minimum and
+replacements are placed; an urgent job arrives and reclaims the surplus members whose last
+checkpoint is newest (they lose the least); capacity returns and the gangs regrow. Time is
+compressed (the notice lead and grace periods are divided by --compression, and the output says
+so). The demo exits non-zero if any expectation fails —
+a gang partially bound, a step lost, a worker killed before its checkpoint, a warned node still
+running a worker at its notice, a reclaim that spared a newer checkpoint than it took.
 """
 
 from __future__ import annotations
@@ -144,15 +148,18 @@ def simulated_main(args: argparse.Namespace) -> int:
         demo.shutdown()
     rows = summary_rows(demo)
     console.print(summary_table(rows))
+    for line in beat_lines(demo.beats):
+        console.print(line, soft_wrap=True, markup=False)
     timeline = write_timeline(demo, options.out / "timeline.png")
     return finish(
         console,
         demo,
         options.out,
-        {"jobs": rows, "nodes": args.nodes},
+        {"jobs": rows, "nodes": args.nodes, **demo.beats},
         args,
         files={"timeline": timeline, "summary": options.out / "summary.json"},
-        held="no partial gang, no lost step, every worker checkpointed before it left",
+        held="no partial gang, no lost step, every worker checkpointed before it left, the "
+        "warned node emptied before its notice, the reclaim took the newest checkpoint",
     )
 
 
@@ -337,6 +344,34 @@ def render(demo: Demo) -> Group:
     for line in demo.events[-12:]:
         log.add_row(line)
     return Group(gangs, nodes, log)
+
+
+def beat_lines(beats: dict[str, Any]) -> list[str]:
+    """The early warning and the reclaim, in words, from what happened."""
+    lines = []
+    warned = beats.get("early_warning")
+    if warned and "notice_at_s" in warned:
+        lines.append(
+            f"early warning: {warned['warning']} on {warned['node']} at {warned['warned_at_s']} s; "
+            f"{', '.join(warned['moved']) or 'nothing'} moved (gone by {warned['left_by_s']} s, "
+            f"replaced on {', '.join(sorted(set(warned['replacements'].values()))) or '-'}); "
+            f"its termination notice at {warned['notice_at_s']} s found "
+            f"{warned['workers_on_node_at_its_notice']} worker(s) there"
+        )
+    taken = beats.get("least_loss")
+    if taken:
+        ages = taken["checkpoint_age_at_submit_s"]
+        victims = taken["victims"]
+        took = [f"{pod} ({job}, checkpoint {ages[job]} s old)" for pod, job in victims.items()]
+        spared = [
+            f"{job} (checkpoint {'none' if age is None else f'{age} s old'})"
+            for job, age in ages.items()
+            if job not in victims.values()
+        ]
+        lines.append(
+            f"reclaim by least loss: took {', '.join(took)}; spared {', '.join(spared) or 'none'}"
+        )
+    return lines
 
 
 def summary_table(rows: list[dict[str, object]]) -> Table:

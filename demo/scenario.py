@@ -1,11 +1,13 @@
-"""The demo scenario: elastic gangs on spot capacity, a revocation, a reclaim, and regrowth.
+"""The demo scenario: elastic gangs on spot capacity, an early warning, a revocation, a reclaim
+by least loss, and regrowth.
 
 Everything is real but the cloud and the GPUs: a devcluster control plane, kwok GPU nodes, the
 Shoal scheduler and one Shoal node agent per node as separate processes, each agent watching its
 own fake metadata server. Jobs are Indexed Jobs (elastic gangs by label). kwok runs no
 containers, so each Running pod's "worker" is a task here that uses the worker library over the
 agent's notice socket: it trains (the job's step advances while its gang is at or above its
-minimum), checkpoints and acknowledges when told to leave, and is gone when its pod is.
+minimum), reports its job's last complete checkpoint to the agent (the ``Progress`` call, once
+the job has one), checkpoints and acknowledges when told to leave, and is gone when its pod is.
 
 Both stories start the scheduler with its web view on a free loopback port, print the address,
 and at each key moment show ``kubectl shoal gangs`` as a user would see it (:meth:`Demo.snapshot`:
@@ -26,15 +28,20 @@ from typing import Any
 
 from kubernetes import client, config
 from shoal_worker import NoticeClient, PodIdentity
+from shoal_worker.progress import Report
 
 from contracts import names
+from contracts.progress import Progress, decode_or_none
 from devcluster import cluster, nodes, process
 from fakes import metadata
-from fakes.clouds import CLOUDS, Azure, Cloud, Gcp
+from fakes.clouds import CLOUDS, Aws, Azure, Cloud, Gcp
 
 NAMESPACE = "training"
 HIGH = "shoal-demo-urgent"
 TICK = 0.5  # seconds per training step
+#: At least this long between the two jobs' checkpoints before the reclaim (the progress
+#: annotation's times are whole seconds): the reclaim's choice is then not a near tie.
+CHECKPOINT_GAP = 6.0
 
 
 class ExpectationFailed(Exception):
@@ -54,6 +61,8 @@ class JobState:
     plan: JobPlan
     step: int = 0
     saved: int = 0
+    #: When its last complete checkpoint was taken (seconds since the epoch); None: none yet.
+    saved_at: float | None = None
     lost: int = 0
     bound: int = 0
     below_target_s: float = 0.0
@@ -71,7 +80,11 @@ class PodState:
     node: str
     running_since: float
     checkpointed: bool = False
+    #: Asked to leave for another gang (a reclaim), or for its own (moved off a warned node).
     reclaimed: bool = False
+    moved: bool = False
+    #: Its ``shoal.dev/progress`` annotation as last listed.
+    progress: Progress | None = None
     task: asyncio.Task[None] | None = None
 
 
@@ -91,7 +104,8 @@ def plans(node_count: int) -> tuple[list[JobPlan], JobPlan]:
         jobs = [JobPlan("llama", 3, 6), JobPlan("bert", 2, 4), JobPlan("resnet", 2, 4)]
         return jobs, JobPlan("urgent", 4, 4, HIGH)
     if node_count >= 8:
-        return [JobPlan("llama", 2, 3), JobPlan("bert", 2, 3)], JobPlan("urgent", 2, 2, HIGH)
+        # One member for the urgent job: the reclaim chooses which of the two jobs gives it.
+        return [JobPlan("llama", 2, 3), JobPlan("bert", 2, 3)], JobPlan("urgent", 1, 1, HIGH)
     raise ValueError("the demo needs at least 8 nodes")
 
 
@@ -126,6 +140,14 @@ class Demo:
         self.api: Any = None
         self.run_dir = options.out / "cluster"
         self.growth_done = False
+        #: When each pod left (seconds since the start), by name.
+        self.gone_at: dict[str, float] = {}
+        #: Workers that left, in order.
+        self.left: list[PodState] = []
+        #: Replacements that came up after growth: (seconds since the start, job, pod, node).
+        self.replacements: list[tuple[float, str, str, str]] = []
+        #: What the early warning and the reclaim did, with figures (the summary's sections).
+        self.beats: dict[str, Any] = {}
 
     # -- output ------------------------------------------------------------------------------
     def now(self) -> float:
@@ -384,21 +406,16 @@ class Demo:
             if gone:
                 continue
             seen.add(uid)
-            leave_by = (pod.metadata.annotations or {}).get(names.LEAVE_BY_ANNOTATION)
+            notes = pod.metadata.annotations or {}
+            leave_by = notes.get(names.LEAVE_BY_ANNOTATION)
             state = self.pods.get(uid)
             if state is None and pod.status.phase == "Running":
-                state = PodState(uid, pod.metadata.name, job, pod.spec.node_name, now)
-                self.pods[uid] = state
-                state.task = asyncio.get_running_loop().create_task(self.worker(state))
-                departures = self.jobs[job].departures
-                if departures and self.growth_done:
-                    self.jobs[job].replacement_latency.append(now - departures.pop(0))
-                    self.say(
-                        f"{job}: replacement {pod.metadata.name} running on {pod.spec.node_name}"
-                    )
-            if state is not None and leave_by and not state.checkpointed:
-                state.reclaimed = True
-                self.checkpoint(state, "asked to leave by the scheduler (reclaim)")
+                state = self.joined(PodState(uid, pod.metadata.name, job, pod.spec.node_name, now))
+            if state is None:
+                continue
+            state.progress = decode_or_none(notes.get(names.PROGRESS_ANNOTATION, ""))
+            if leave_by and not state.checkpointed:
+                self.asked(state, notes.get(names.RECLAIMED_FOR_ANNOTATION))
         for uid in [u for u in self.pods if u not in seen]:
             self.departed(self.pods.pop(uid), now)
         for name, gang in self.jobs.items():
@@ -416,7 +433,33 @@ class Demo:
         self.node_pods = by_node
         self.samples.append((now, {j: s.bound * 8 for j, s in self.jobs.items()}))
 
+    def joined(self, pod: PodState) -> PodState:
+        """A member runs: its worker starts; after the growth it replaces one that left."""
+        self.pods[pod.uid] = pod
+        pod.task = asyncio.get_running_loop().create_task(self.worker(pod))
+        job = self.jobs[pod.job]
+        if job.departures and self.growth_done:
+            job.replacement_latency.append(pod.running_since - job.departures.pop(0))
+            self.replacements.append((pod.running_since, pod.job, pod.name, pod.node))
+            self.say(f"{pod.job}: replacement {pod.name} running on {pod.node}")
+        return pod
+
+    def asked(self, pod: PodState, gang: str | None) -> None:
+        """``pod`` carries a ``shoal.dev/leave-by`` its worker has not acted on yet: written by
+        the scheduler for another gang (a reclaim), for its own (an early warning on its node),
+        or by its node agent (a notice)."""
+        if gang is None:
+            self.checkpoint(pod, "told to leave by its node agent")
+        elif gang.rsplit("/", 1)[-1] == pod.job:
+            pod.moved = True
+            self.checkpoint(pod, "asked to leave by the scheduler: its node is expected to go")
+        else:
+            pod.reclaimed = True
+            self.checkpoint(pod, "asked to leave by the scheduler (reclaim)")
+
     def departed(self, pod: PodState, now: float) -> None:
+        self.gone_at[pod.name] = now
+        self.left.append(pod)
         job = self.jobs[pod.job]
         if pod.task is not None:
             pod.task.cancel()
@@ -436,6 +479,7 @@ class Demo:
     def checkpoint(self, pod: PodState, why: str) -> int:
         job = self.jobs[pod.job]
         job.saved = job.step
+        job.saved_at = time.time()
         pod.checkpointed = True
         self.say(f"{pod.name} ({why}): checkpoint at step {job.step}")
         return job.step
@@ -444,14 +488,19 @@ class Demo:
         """One training worker: watches its notices and leaves cleanly when told to."""
         sock = self.agents[pod.node][1] if pod.node in self.agents else ""
         watcher = NoticeClient(PodIdentity(NAMESPACE, pod.name, pod.uid), sock)
+        reporting = asyncio.get_running_loop().create_task(self.report(pod, watcher))
         with contextlib.suppress(asyncio.CancelledError):
             while True:
                 try:
                     async for notice in watcher.watch():
                         if notice.leave:
                             # Heard, so known even when the pod's shoal.dev/leave-by is gone
-                            # before the next listing sees it.
-                            pod.reclaimed = pod.reclaimed or notice.kind == "reclaim"
+                            # before the next listing sees it. A reclaim for its own gang
+                            # ("reclaimed for gang training/<job>") moves it off a warned node.
+                            if notice.kind == "reclaim":
+                                own = notice.reason.endswith(f"/{pod.job}")
+                                pod.moved = pod.moved or own
+                                pod.reclaimed = pod.reclaimed or not own
                             step = self.checkpoint(
                                 pod,
                                 f"notice from {notice.source}: leave by {notice.leave_by:%H:%M:%S}",
@@ -463,6 +512,29 @@ class Demo:
                     raise
                 except Exception:
                     await asyncio.sleep(0.5)
+        reporting.cancel()
+
+    async def report(self, pod: PodState, watcher: NoticeClient) -> None:
+        """Report the job's last complete checkpoint to the node agent, which writes it on the
+        pod (``shoal.dev/progress``): once the job has one, and again after each new one (a
+        refused report, before the agent lists the pod, is sent again)."""
+        sent: tuple[int, float] | None = None
+        with contextlib.suppress(asyncio.CancelledError):
+            while True:
+                job = self.jobs[pod.job]
+                mark = None if job.saved_at is None else (job.saved, job.saved_at)
+                if mark is not None and mark != sent:
+                    report = Report(
+                        max(job.step, job.saved),
+                        step_seconds=TICK,
+                        checkpoint_step=job.saved,
+                        checkpoint_at=mark[1],
+                        checkpoint_seconds=TICK,
+                    )
+                    with contextlib.suppress(Exception):
+                        if await watcher.report_progress(report):
+                            sent = mark
+                await asyncio.sleep(0.5)
 
     async def train(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -507,7 +579,16 @@ class Demo:
         if len(victims) < 2:
             self.fail("no two spot nodes run only surplus workers; nothing to revoke safely")
             return
+        moved_at = await self.early_warning(victims[0])
+        # The other node's job checkpoints at its notice: well after the moved one's.
+        await asyncio.sleep(max(0.0, moved_at + CHECKPOINT_GAP - self.now()))
         lead = 0.0
+        at_notice = {node: len(self.node_pods.get(node, [])) for node in victims}
+        if at_notice[victims[0]]:
+            self.fail(f"{victims[0]} still ran {at_notice[victims[0]]} worker(s) at its notice")
+        self.beats["early_warning"].update(
+            workers_on_node_at_its_notice=at_notice[victims[0]], notice_at_s=round(self.now(), 1)
+        )
         for node in victims:
             lead = self.post_notice(self.clouds[node])
             self.node_state[node] = "revoking"
@@ -536,6 +617,11 @@ class Demo:
             self.say("replacements placed on the remaining capacity; every job back at maximum")
             await self.snapshot("spot-notice", "after the spot revocation: replacements placed")
 
+        await self.until(
+            "every worker's last checkpoint in its shoal.dev/progress", self.progress_written, 60
+        )
+        saved_at = {n: self.jobs[n].saved_at for n in names_}
+        submitted = time.time()
         self.submit(urgent)
         if await self.until(
             f"{urgent.name} to be admitted at its minimum",
@@ -547,6 +633,7 @@ class Demo:
                 + ", ".join(f"{n} {self.jobs[n].bound}/{self.jobs[n].plan.max}" for n in names_)
             )
             await self.snapshot("reclaimed", f"after the reclaim for {urgent.name}")
+            await self.least_loss(saved_at, submitted)
         await asyncio.sleep(3)
 
         self.say("capacity returns: two new spot nodes; the urgent job finishes")
@@ -560,6 +647,141 @@ class Demo:
             await self.snapshot("end", "the end: every job regrown")
         await asyncio.sleep(2)
 
+    async def early_warning(self, node: str) -> float:
+        """Warn ``node`` before any notice: an AWS rebalance recommendation (a cordon on the
+        other clouds, as a termination handler or an operator does). The scheduler moves its
+        surplus workers (each asked to leave for its own gang, at once: no progress reported
+        yet), and their replacements run elsewhere. Returns when they left."""
+        there = [p for p in self.pods.values() if p.node == node]
+        warning = self.warn(node)
+        warned_at = self.now()
+        self.node_state[node] = "warned"
+        self.say(
+            f"{warning} on {node}, running {', '.join(p.name for p in there)}: "
+            "no termination notice yet"
+        )
+        jobs = sorted({p.job for p in there})
+        await self.until(
+            f"the workers of {node} to be moved before any notice",
+            lambda: not self.node_pods.get(node) and all(p.name in self.gone_at for p in there),
+            60,
+        )
+        if await self.until(
+            "their replacements to run", lambda: self.at_max(jobs) and self._replaced(there), 60
+        ):
+            self.say(f"{node} emptied before its notice; replacements run on other nodes")
+        left = max((self.gone_at.get(p.name, self.now()) for p in there), default=self.now())
+        replaced = [r for r in self.replacements if r[0] >= warned_at and r[1] in jobs]
+        events: dict[str, str] = {}
+        for pod in there:
+            if not pod.moved:
+                self.fail(f"{pod.name} left {node} without the scheduler asking it to move")
+                continue
+            events[pod.name] = await self.reclaimed_event(pod.name)
+            if f"node {node} is expected to go" not in events[pod.name]:
+                self.fail(f"{pod.name}'s Event does not say its node is expected to go")
+        for _, job, name, on in replaced:
+            if on == node:
+                self.fail(f"{job}'s replacement {name} was placed on the warned node {node}")
+        self.beats["early_warning"] = {
+            "node": node,
+            "warning": warning,
+            "warned_at_s": round(warned_at, 1),
+            "moved": sorted(p.name for p in there if p.moved),
+            "left_by_s": round(left, 1),
+            "replacements": {name: on for _, _, name, on in replaced},
+            "events": events,
+        }
+        return left
+
+    def _replaced(self, leavers: list[PodState]) -> bool:
+        """A replacement runs for each of ``leavers`` (after it left)."""
+        for pod in leavers:
+            gone = self.gone_at.get(pod.name)
+            if gone is None or not any(
+                r[1] == pod.job and r[0] >= gone and r[2] != pod.name for r in self.replacements
+            ):
+                return False
+        return True
+
+    def warn(self, node: str) -> str:
+        """Give ``node`` an early warning; returns what it was."""
+        cloud = self.clouds[node]
+        if isinstance(cloud, Aws):
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            server = cloud.server
+            self.servers.call(lambda: setattr(server, "rebalance", {"noticeTime": stamp}))
+            return "AWS rebalance recommendation"
+        client.CoreV1Api(self.api).patch_node(node, {"spec": {"unschedulable": True}})
+        return "cordon"
+
+    def progress_written(self) -> bool:
+        """Every running worker of a job that has a checkpoint carries it in its
+        ``shoal.dev/progress`` (what the scheduler ranks a reclaim's victims by)."""
+        for pod in self.pods.values():
+            job = self.jobs[pod.job]
+            if job.saved_at is None or pod.checkpointed:
+                continue
+            if pod.progress is None or pod.progress.checkpoint_step != job.saved:
+                return False
+        return True
+
+    async def least_loss(self, saved_at: dict[str, float | None], submitted: float) -> None:
+        """The reclaim took the members whose checkpoint was newest (least expected loss), as
+        the scheduler's Reclaimed Event on each says; the figures go to the summary."""
+        victims = sorted((p for p in self.all_pods() if p.reclaimed), key=lambda p: (p.job, p.name))
+        if not victims:
+            self.fail("the urgent job was admitted without a reclaim")
+            return
+        ages = {
+            job: None if at is None else round(submitted - at, 1) for job, at in saved_at.items()
+        }
+        taken = {p.job for p in victims}
+        for job in sorted(taken):
+            for other, at in saved_at.items():
+                mine = saved_at[job]
+                if other not in taken and at is not None and (mine is None or at > mine):
+                    self.fail(
+                        f"the reclaim took a member of {job} (checkpoint {ages[job]} s old) "
+                        f"over {other}, whose checkpoint was newer ({ages[other]} s old)"
+                    )
+        events: dict[str, str] = {}
+        for pod in victims:
+            text = await self.reclaimed_event(pod.name)
+            events[pod.name] = text
+            if "least expected loss" not in text:
+                self.fail(f"{pod.name}'s Reclaimed Event does not say it lost the least: {text}")
+        self.beats["least_loss"] = {
+            "victims": {p.name: p.job for p in victims},
+            "checkpoint_age_at_submit_s": ages,
+            "reclaimed_events": events,
+        }
+        took = [f"{p.name} ({p.job}, checkpoint {_age(ages[p.job])})" for p in victims]
+        spared = [f"{j} (checkpoint {_age(ages[j])})" for j in ages if j not in taken]
+        self.say(f"the reclaim took {', '.join(took)}; spared {', '.join(spared) or 'none'}")
+
+    def all_pods(self) -> list[PodState]:
+        """Every worker seen, running or gone."""
+        return [*self.pods.values(), *self.left]
+
+    async def reclaimed_event(self, name: str) -> str:
+        """The message of the scheduler's ``Reclaimed`` Event on pod ``name`` (it is written
+        off the scheduling loop: waited for)."""
+        core = client.CoreV1Api(self.api)
+        loop = asyncio.get_running_loop()
+        selector = f"involvedObject.name={name},reason=Reclaimed"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            found = await loop.run_in_executor(
+                None,
+                lambda: core.list_namespaced_event(NAMESPACE, field_selector=selector).items,
+            )
+            if found:
+                return str(found[0].message)
+            await asyncio.sleep(0.5)
+        self.fail(f"no Reclaimed Event on {name} within 30 s")
+        return ""
+
     def post_notice(self, cloud: Cloud) -> float:
         """Publish a revocation with the cloud's documented lead, compressed; returns the lead.
 
@@ -570,19 +792,28 @@ class Demo:
         return cloud.lead.total_seconds()
 
     def pick_victims(self, count: int) -> list[str]:
-        """Spot nodes running workers whose loss leaves every gang at or above its minimum."""
+        """Spot nodes running workers whose loss leaves every gang at or above its minimum;
+        nodes of different jobs when there are enough (each job then checkpoints once, at a
+        moment of its own, before the reclaim)."""
+        return self._pick(count, distinct=True) or self._pick(count, distinct=False)
+
+    def _pick(self, count: int, *, distinct: bool) -> list[str]:
         spare = {name: job.bound - job.plan.min for name, job in self.jobs.items()}
         chosen: list[str] = []
+        taken: set[str] = set()
         for node, jobs in sorted(self.node_pods.items()):
             if len(chosen) == count:
                 break
             if not jobs or self.node_state.get(node) != "ready" or not nodes_spot(self.api, node):
                 continue
+            if distinct and taken & set(jobs):
+                continue
             if all(spare[j] >= jobs.count(j) for j in set(jobs)):
                 for j in jobs:
                     spare[j] -= 1
+                taken |= set(jobs)
                 chosen.append(node)
-        return chosen
+        return chosen if len(chosen) == count else []
 
     def remove_node(self, node: str) -> None:
         core = client.CoreV1Api(self.api)
@@ -623,6 +854,10 @@ class Demo:
             self.api.close()
         if self.handle is not None:
             cluster.down(self.run_dir, say=lambda _m: None)
+
+
+def _age(seconds: float | None) -> str:
+    return "none" if seconds is None else f"{seconds} s old"
 
 
 def nodes_spot(api: Any, node: str) -> bool:

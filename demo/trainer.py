@@ -8,8 +8,9 @@ compared float for float with one that never stopped.
 
 Each rank appends JSON lines to ``--records``: ``start`` (world size, first step), ``step`` (the
 global batch's loss), ``stop`` (the agreed stop step of a notice), ``restart`` (the step saved
-when torchrun stopped the workers) and ``done``. Without torchrun it runs as a world of one (the
-uninterrupted reference).
+when torchrun stopped the workers) and ``done``; each names the rank, the pod (``POD_NAME``) or
+the Slurm node (``SLURMD_NODENAME``), and the time. Without torchrun it runs as a world of one
+(the uninterrupted reference).
 
 torchrun also stops the workers itself, with SIGTERM, when a pod joins the job (a membership
 change: the job grows) or when its own launcher is stopped. Such a stop loses nothing either:
@@ -45,6 +46,7 @@ def record(path: str, event: str, **fields: Any) -> None:
         "t": time.time(),
         "rank": dist.get_rank(),
         "pod": os.environ.get("POD_NAME", ""),
+        "node": os.environ.get("SLURMD_NODENAME", ""),  # a Slurm job step's node
         **fields,
     }
     with open(path, "a") as out:

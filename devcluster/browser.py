@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Final
 
-from devcluster import build
+from devcluster import apt, build
 from devcluster.errors import DevclusterError
 from devcluster.versions import cache_root
 
@@ -70,18 +70,4 @@ def ensure(*, say: build.Say = build._say) -> Path:
 
 
 def _install(archives: Path) -> int:
-    command = [
-        "apt-get",
-        "install",
-        "-y",
-        "-qq",
-        "--no-install-recommends",
-        "-o",
-        f"Dir::Cache::archives={archives}",
-        # The cache is root's: apt's download user could not write there.
-        "-o",
-        "APT::Sandbox::User=root",
-        PACKAGE,
-    ]
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    return subprocess.run(command, env=env, check=False).returncode
+    return apt.install(str(archives), PACKAGE)

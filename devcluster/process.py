@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -86,14 +87,25 @@ def spawn(
     sessions); without it the component outlives the CLI that started it (``devcluster up``).
     """
     log.parent.mkdir(parents=True, exist_ok=True)
+    command, preexec = list(argv), None
+    if die_with_parent:
+        # util-linux's setpriv sets the death signal and execs the component, so no Python runs
+        # in the forked child: a preexec_fn does, and in a process with gRPC's and other
+        # threads it can crash there (a segfault in threading's after-fork hook took a test
+        # worker down with it). Without setpriv, the preexec_fn is the fallback.
+        setpriv = shutil.which("setpriv")
+        if setpriv:
+            command = [setpriv, "--pdeathsig", "KILL", "--", *argv]
+        else:
+            preexec = _die_with_parent
     with log.open("ab") as out:
         popen = subprocess.Popen(
-            argv,
+            command,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent if die_with_parent else None,  # noqa: PLW1509
+            preexec_fn=preexec,  # noqa: PLW1509
         )
     stat = _stat(popen.pid)
     ticks = stat[1] if stat else 0

@@ -584,6 +584,10 @@ oom_score = 0
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{PAUSE_IMAGE}"
   restrict_oom_score_adj = true
+  # Pods' network namespaces under this node's folder, which teardown unmounts (not in
+  # /run/netns, where a node stopped with pods running left one per pod): containerd 1.6 reads
+  # the flag (its state folder's netns/), later versions the path.
+  netns_mounts_under_state_dir = true
   netns_mounts_under = "{folder / "netns"}"
   enable_selinux = false
   disable_apparmor = true

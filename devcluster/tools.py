@@ -1,5 +1,5 @@
 """Third-party tools the tests run beside the control plane (helm, the Kubeflow
-training-operator), built the way the control plane is: from the Go module pinned by the
+training-operator, Kueue), built the way the control plane is: from the Go module pinned by the
 committed ``go.mod`` and ``go.sum`` under ``devcluster/tools/<name>/``, once, into a cache outside
 the repository keyed by the version and a digest of those files. A complete cache makes
 :func:`ensure` a file check."""
@@ -37,6 +37,7 @@ TOOLS: Final = {
         "github.com/kubeflow/training-operator",
         "github.com/kubeflow/training-operator/cmd/training-operator.v1",
     ),
+    "kueue": Tool("kueue", "sigs.k8s.io/kueue", "sigs.k8s.io/kueue/cmd/kueue"),
 }
 
 

@@ -14,7 +14,9 @@ The story of a cycle:
 4. Reclaim: when a complete minimum does not fit, choose the fewest victims that make it fit
    (surplus first, see :mod:`scheduler.reclaim`) and the nodes to hold for the gang meanwhile.
    Pods already asked to leave are never chosen again: their room counts as free (less the
-   room held for the gang they leave for), and a gang that fits in it waits for it. Gangs
+   room held for the gang they leave for), and a gang that fits in it waits for it; so does
+   the room of pods already deleting, whoever asked them to go (a Kueue-preempted workload's
+   pods, say: Kueue admits the preemptor while they are in their grace period). Gangs
    waiting for the same room thus take it in turn order: the first one its victims' room, the
    next its own victims, or the room that is left.
 
@@ -31,18 +33,22 @@ from dataclasses import dataclass, field, replace
 from contracts import names
 from scheduler import reclaim
 from scheduler.cache import Snapshot
+from scheduler.loss import ProgressCost, VictimCost
 from scheduler.model import (
     Assignment,
     Gang,
     GangKey,
     NodeName,
+    Placement,
     PodKey,
     PodRequest,
     Resources,
     Unschedulable,
 )
 from scheduler.placement import Request, place
+from scheduler.placement.risk import RiskLedger, member_bound, member_summary, quorum_bound
 from scheduler.placement.score import DEFAULT_WEIGHTS, Weights
+from scheduler.placement.shapes import Likely, ShapeLedger
 from scheduler.queue import GangQueue, order_key
 
 
@@ -52,6 +58,15 @@ class Config:
     weights: Weights = field(default=DEFAULT_WEIGHTS)
     #: Ask surplus (then lower-priority gangs) to leave when a gang's minimum cannot fit.
     reclaim: bool = True
+    #: What a victim would lose (reclaim takes the least first; the simulator's seam).
+    victim_cost: VictimCost = field(default_factory=ProgressCost)
+    #: Revocation rates per capacity pool, learned from the nodes each turn sees (a quorum goes
+    #: to the lowest-risk capacity that holds it); ``None``: no risk-aware placement.
+    risk: RiskLedger | None = field(default=None, compare=False)
+    #: The pod shapes and gang sizes that arrived, counted from the gangs each turn sees: every
+    #: placement counts what it takes from them (:mod:`scheduler.placement.shapes`); ``None``:
+    #: only the node shapes' shares (``--arrived-shapes=false``).
+    shapes: ShapeLedger | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +89,8 @@ class Decision:
     nominated: tuple[Assignment, ...] = ()
     #: Why (the first) surplus member that did not fit did not fit.
     surplus_unschedulable: Unschedulable | None = None
+    #: Why each victim was chosen (its expected loss and rank), for its Event.
+    why: Mapping[PodKey, str] = field(default_factory=dict)
     #: Set when deciding for the gang raised (a fault, logged by the caller): the gang is
     #: treated as unschedulable and backs off; no other gang is affected.
     fault: str | None = None
@@ -114,6 +131,20 @@ def min_waiting(gang: Gang) -> bool:
     return gang.min_missing > 0 and len(gang.pending) >= gang.min_missing
 
 
+def waiting_pods(
+    others: Iterable[Gang], gang: Gang, skip: Collection[GangKey] = ()
+) -> tuple[tuple[Resources, int], ...]:
+    """The pods the other gangs' minimums wait with (those in ``skip`` were decided already),
+    as (requests, how many): the placement counts what it would take from them."""
+    counts: dict[Resources, int] = {}
+    for other in others:
+        if other.key == gang.key or other.key in skip or not min_waiting(other):
+            continue
+        for pod in other.pending[: other.min_missing]:
+            counts[pod.requests] = counts.get(pod.requests, 0) + 1
+    return tuple(counts.items())
+
+
 def _request(
     gang: Gang,
     pods: Sequence[PodRequest],
@@ -121,9 +152,11 @@ def _request(
     *,
     surplus: bool,
     bound_nodes: Sequence[NodeName] | None = None,
+    waiting: Sequence[tuple[Resources, int]] = (),
 ) -> Request:
     if bound_nodes is None:
         bound_nodes = [p.node for p in gang.bound if p.node is not None]
+    bound = quorum_bound(gang.members)
     return Request(
         gang=gang.key,
         pods=pods,
@@ -133,6 +166,10 @@ def _request(
         surplus=surplus,
         bound_nodes=tuple(bound_nodes),
         weights=config.weights,
+        waiting=waiting,
+        likely=config.shapes.likely() if config.shapes is not None else Likely(),
+        revocation=config.risk.rates() if config.risk is not None else {},
+        max_quorum_risk=bound if isinstance(bound, float) else None,
     )
 
 
@@ -148,6 +185,12 @@ def decide(
     pending = list(gang.pending)
     need = gang.min_missing
     bindings: list[Assignment] = []
+    others = list(others)
+    waiting = waiting_pods(others, gang, decided)
+    per_member = _member_risk(gang, config)
+    if isinstance(per_member, str):  # a bound that is not a chance: the gang waits, told why
+        why = Unschedulable(len(snapshot.nodes), summary=f"{per_member};", nodes_tried=False)
+        return Decision(gang, unschedulable=why)
     if need > 0:
         if len(pending) < need:
             return Decision(
@@ -160,7 +203,7 @@ def decide(
                 ),
             )
         result = place(
-            _request(gang, pending[:need], config, surplus=False),
+            _request(gang, pending[:need], config, surplus=False, waiting=waiting),
             snapshot.nodes,
             snapshot.domains,
             snapshot.origin,
@@ -181,8 +224,10 @@ def decide(
             bound: list[NodeName] = [p.node for p in gang.bound if p.node is not None]
             bound.extend(a.node for a in bindings)
             for pod in pending[:room]:
-                request = _request(gang, [pod], config, surplus=True, bound_nodes=bound)
-                one = place(request, snapshot.nodes, snapshot.domains, snapshot.origin)
+                request = _request(
+                    gang, [pod], config, surplus=True, bound_nodes=bound, waiting=waiting
+                )
+                one = _place_surplus(request, snapshot, per_member)
                 if isinstance(one, Unschedulable):
                     surplus_why = surplus_why or one
                     continue
@@ -192,6 +237,53 @@ def decide(
     return Decision(
         gang, tuple(bindings), min_count, surplus_held=held, surplus_unschedulable=surplus_why
     )
+
+
+def _member_risk(gang: Gang, config: Config) -> float | str | None:
+    """The gang's bound on each surplus member's risk (``shoal.dev/max-member-risk``), or
+    ``None``; the reason, as a string, when it or the quorum's bound is not a chance. Bounds
+    need the learned rates: without risk-aware placement there are none."""
+    if config.risk is None:
+        return None
+    quorum = quorum_bound(gang.members)
+    return quorum if isinstance(quorum, str) else member_bound(gang.members)
+
+
+def _place_surplus(
+    request: Request, snapshot: Snapshot, bound: float | None
+) -> Placement | Unschedulable:
+    """One surplus member; with a ``bound`` on its risk, placed as a quorum of one is: on the
+    lowest-risk capacity that holds it, and nowhere whose risk is above the bound."""
+    if bound is not None:
+        request = replace(request, surplus=False, max_quorum_risk=bound)
+    one = place(request, snapshot.nodes, snapshot.domains, snapshot.origin)
+    if isinstance(one, Unschedulable) and bound is not None:
+        return replace(one, summary=member_summary(one.summary))
+    return one
+
+
+def replacements_fit(
+    gang: Gang,
+    pods: Sequence[PodRequest],
+    snapshot: Snapshot,
+    config: Config,
+    bound_nodes: Sequence[NodeName],
+) -> bool:
+    """Whether ``pods``, replacements for surplus members of ``gang`` that are moving, all fit
+    on ``snapshot`` as :func:`decide` would place them: one by one, on the lowest-risk capacity,
+    within the gang's bound on each member's risk (``shoal.dev/max-member-risk``)."""
+    per_member = _member_risk(gang, config)
+    if isinstance(per_member, str):
+        return False
+    bound = list(bound_nodes)
+    for pod in pods:
+        request = _request(gang, [pod], config, surplus=True, bound_nodes=bound)
+        one = _place_surplus(request, snapshot, per_member)
+        if isinstance(one, Unschedulable):
+            return False
+        bound.extend(a.node for a in one.assignments)
+        snapshot = snapshot.with_assignments(one.assignments)
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +310,8 @@ def _reclaim(
     snapshot: Snapshot,
     config: Config,
     leaving: _Leaving,
+    *,
+    now: float = 0.0,
 ) -> Decision:
     gang = decision.gang
     assert decision.unschedulable is not None
@@ -230,19 +324,33 @@ def _reclaim(
         return decision
     pods = list(gang.pending)[: gang.min_missing]
     request = _request(gang, pods, config, surplus=False)
-    found = reclaim.plan(gang, gangs, snapshot, request, spent=leaving.spent, held=leaving.held)
+    found = reclaim.plan(
+        gang,
+        gangs,
+        snapshot,
+        request,
+        spent=leaving.spent,
+        held=leaving.held,
+        cost=config.victim_cost,
+        now=now,
+    )
     if found is None:
         return decision
     if not found.victims:
-        nodes = {a.node for a in found.placement.assignments}
-        freeing = sum(
-            1 for key in leaving.spent if key in snapshot.pods and snapshot.pods[key].node in nodes
-        )
-        return _waiting_for(
-            decision,
-            f"waiting for the room {freeing} pod(s) asked to leave for other gangs will free;",
-        )
-    return replace(decision, victims=found.victims, nominated=found.placement.assignments)
+        return _waiting_for(decision, _room_coming(found))
+    return replace(
+        decision, victims=found.victims, nominated=found.placement.assignments, why=found.why
+    )
+
+
+def _room_coming(found: reclaim.Plan) -> str:
+    """What a gang that waits for room already on its way waits for."""
+    parts = []
+    if found.leaving:
+        parts.append(f"{len(found.leaving)} pod(s) asked to leave for other gangs")
+    if found.terminating:
+        parts.append(f"{len(found.terminating)} pod(s) already terminating")
+    return f"waiting for the room {' and '.join(parts) or 'pods leaving'} will free;"
 
 
 def _min_fits(
@@ -345,6 +453,10 @@ def decide_in_turn(
     reserved = reserved or {}
     leaving = leaving or {}
     spent = spent or ()
+    if config.risk is not None:
+        config.risk.observe(snapshot.nodes, now)
+    if config.shapes is not None:
+        config.shapes.arrived(gangs, now)
     working = [g for g in gangs if has_work(g)]
     decided: set[GangKey] = set()
     for gang in _in_turn(queue.ready(working, now)):
@@ -354,7 +466,7 @@ def decide_in_turn(
             decision = decide(gang, working, view, config, decided)
             if decision.unschedulable is not None and min_waiting(gang):
                 known = _Leaving(leaving.get(gang.key, 0), spent, held)
-                decision = _reclaim(decision, gangs, view, config, known)
+                decision = _reclaim(decision, gangs, view, config, known, now=now)
         except Exception as exc:  # one gang's fault must not stop the others
             decision = _faulted(gang, len(snapshot.nodes), exc)
         if decision.unschedulable is None and decision.progressed:

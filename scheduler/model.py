@@ -156,6 +156,10 @@ class Node:
     spot: bool = False
     #: From ``shoal.dev/gpu-topology``; ``None`` means count-only placement on this node.
     gpu_topology: GpuTopology | None = None
+    #: Why the node is expected to go soon, from its agent's ``shoal.dev/revocation`` when
+    #: every notice there is not disruptive (a rebalance recommendation, a scheduled
+    #: maintenance); "" when none (:mod:`scheduler.early_warning`).
+    early_warning: str = ""
 
 
 class PodPhase(StrEnum):
@@ -179,6 +183,8 @@ class PodRequest:
     node: NodeName | None = None
     phase: PodPhase = PodPhase.PENDING
     priority: int = 0
+    #: ``spec.priorityClassName`` ("" when none).
+    priority_class: str = ""
     #: Creation time, seconds since the epoch.
     created: float = 0.0
     labels: Mapping[str, str] = field(default_factory=dict)

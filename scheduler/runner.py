@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -77,7 +77,8 @@ class Reporter(Protocol):
 
     def bind_failed(self, pod: PodRequest, node: NodeName, error: str) -> None: ...
 
-    def asked_to_leave(self, pod: PodRequest, gang: Gang, leave_by: float) -> None: ...
+    def asked_to_leave(self, pod: PodRequest, gang: Gang, leave_by: float, why: str = "") -> None:
+        """``pod`` is asked to leave by ``leave_by`` for ``gang``; ``why`` it was chosen."""
 
     def nominated(self, pod: PodRequest, node: NodeName) -> None:
         """Room on ``node`` is held for ``pod`` (``status.nominatedNodeName``)."""
@@ -129,6 +130,10 @@ class Settings:
     #: How long a gang may stay torn (bound members, fewer than its minimum) waiting for the
     #: missing members before its bound members are released (see :mod:`scheduler.torn`).
     torn_grace: float = 60.0
+    #: The longest a surplus member of a node with an early warning waits for its checkpoint.
+    early_warning_wait: float = 600.0
+    #: Reclaim patience per PriorityClass name (``--reclaim-patience``).
+    class_patience: Mapping[str, float] = field(default_factory=dict)
 
     def step(self) -> StepSettings:
         """What the step (:mod:`scheduler.step`) decides with."""
@@ -140,6 +145,8 @@ class Settings:
             reclaim_grace=self.reclaim_grace,
             hold_extra=self.hold_extra,
             torn_grace=self.torn_grace,
+            early_warning_wait=self.early_warning_wait,
+            class_patience=self.class_patience,
         )
 
 
@@ -312,6 +319,10 @@ class Runner:
             self._release(release, now)
         for shrink in opening.shrunk:
             self._ask(shrink.gang, shrink.asked, shrink.leave_by)
+        for ask in opening.asks:
+            self._ask(ask.gang, ask.asked, ask.leave_by, ask.why)
+            for pod in ask.waiting:
+                log.info("reclaim_waits_for_checkpoint", pod=pod.key, gang=ask.gang.key)
 
     def _carry_out_batch(
         self,
@@ -452,15 +463,24 @@ class Runner:
         for pod, node in outcome.nominated:
             self.reporter.nominated(pod, node)
         if outcome.leave_by is not None:
-            self._ask(gang, outcome.asked, outcome.leave_by)
+            self._ask(gang, outcome.asked, outcome.leave_by, outcome.why)
+        for pod in outcome.waiting:
+            log.info("reclaim_waits_for_checkpoint", pod=pod.key, gang=gang.key)
 
-    def _ask(self, gang: Gang, asked: Sequence[PodRequest], leave_by: float) -> None:
+    def _ask(
+        self,
+        gang: Gang,
+        asked: Sequence[PodRequest],
+        leave_by: float,
+        why: Mapping[PodKey, str] | None = None,
+    ) -> None:
         """Ask ``asked`` to leave by ``leave_by`` for ``gang`` (the room they free is its, or
-        they are its own members above its maximum)."""
+        they are its own members above its maximum, or on a node expected to go)."""
+        why = why or {}
         for pod in asked:
             self.metrics.reclaims.inc()
             log.info("reclaim", pod=pod.key, gang=gang.key, deadline=leave_by)
-            self.reporter.asked_to_leave(pod, gang, leave_by)
+            self.reporter.asked_to_leave(pod, gang, leave_by, why.get(pod.key, ""))
             self._binds.submit(
                 self._write, "ask_to_leave", self.binder.ask_to_leave, pod, leave_by, gang.key
             )

@@ -69,6 +69,20 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _class_seconds(text: str) -> tuple[tuple[str, float], ...]:
+    """``high=300,urgent=60``: PriorityClass names with seconds (0 to a day) each."""
+    pairs: list[tuple[str, float]] = []
+    for item in _keys(text):
+        name, sep, seconds = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"expected NAME=SECONDS, got {item!r}")
+        value = _number(seconds)
+        if not 0 <= value <= 86400:
+            raise ValueError(f"{name.strip()}: expected seconds from 0 to a day, got {seconds!r}")
+        pairs.append((name.strip(), value))
+    return tuple(pairs)
+
+
 def _duration(text: str) -> float:
     """Seconds, as a number or with a unit as kube-scheduler's flags take them: ``15``, ``15s``,
     ``1500ms``, ``1m``."""
@@ -159,6 +173,44 @@ WEBHOOK_OPTIONS: tuple[Option, ...] = (
     ),
 )
 
+# Risk-aware placement: revocation rates per capacity pool (scheduler/placement/risk.py).
+CAPACITY_RISK_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "capacity-risk",
+        True,
+        parse_bool,
+        "learn how often each capacity pool (instance type, zone, spot) is revoked and place "
+        "each gang's minimum on the lowest-risk capacity that holds it",
+    ),
+    Option(
+        "capacity-risk-configmap",
+        "",
+        str,
+        "ConfigMap in --lease-namespace that keeps the learned counts (key counts.json) and "
+        "may hold the operator's table of rates (key seed.yaml); default: "
+        "<scheduler name>-capacity-risk",
+    ),
+    Option(
+        "capacity-risk-seed",
+        "",
+        str,
+        "file with the operator's table of revocation rates: a YAML or JSON list of "
+        "{instanceType, zone, capacityType (spot|on-demand, default spot), revocationsPerHour}",
+    ),
+    Option(
+        "capacity-risk-write-interval",
+        60.0,
+        _seconds,
+        "the leader writes the learned counts at most once per this many seconds",
+    ),
+    Option(
+        "capacity-risk-window",
+        7 * 24 * 3600.0,
+        _seconds,
+        "seconds after which a revocation or an hour of exposure weighs 1/e of a new one",
+    ),
+)
+
 OPTIONS: tuple[Option, ...] = (
     Option("scheduler-name", names.SCHEDULER_NAME, str, "pods with this spec.schedulerName"),
     Option("qps", 200.0, _number, "client-side API rate limit, requests/s (<= 0: none)"),
@@ -191,6 +243,29 @@ OPTIONS: tuple[Option, ...] = (
         "seconds between asking a reclaimed pod to leave (shoal.dev/leave-by) and evicting it",
     ),
     Option(
+        "reclaim-restart-seconds",
+        60.0,
+        _seconds,
+        "what restarting a reclaimed member costs, in seconds of its GPUs, added to the work "
+        "since its last checkpoint (shoal.dev/progress) when reclaim ranks victims by loss",
+    ),
+    Option(
+        "reclaim-patience",
+        (),
+        _class_seconds,
+        "PriorityClass=seconds pairs, comma-separated: a gang of that class (that sets no "
+        "shoal.dev/reclaim-patience) lets its reclaim wait that long for its victims' next "
+        "checkpoint",
+    ),
+    Option(
+        "early-warning-wait",
+        600.0,
+        _seconds,
+        "longest a surplus member of a node with an early warning (cordon, "
+        "karpenter.sh/disrupted, rebalance recommendation) waits for its next checkpoint "
+        "before it is asked to leave",
+    ),
+    Option(
         "torn-grace",
         60.0,
         _seconds,
@@ -205,6 +280,13 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "reclaim", True, parse_bool, "reclaim surplus and lower-priority gangs for waiting gangs"
+    ),
+    Option(
+        "arrived-shapes",
+        True,
+        parse_bool,
+        "count the pod shapes and gang sizes that arrive (each count halving every hour) in what "
+        "a placement costs, beside the node shapes' shares; false: the node shapes' only",
     ),
     Option("leader-elect", False, parse_bool, "run for leadership on a Lease; standby otherwise"),
     Option("lease-namespace", "kube-system", str, "namespace of the leader-election Lease"),
@@ -238,6 +320,7 @@ OPTIONS: tuple[Option, ...] = (
         "serve the read-only live web view at HOST:PORT (PORT alone: on 127.0.0.1; '' : off; "
         "docs/web-view.md)",
     ),
+    *CAPACITY_RISK_OPTIONS,
     *WEBHOOK_OPTIONS,
 )
 

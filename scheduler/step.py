@@ -17,14 +17,20 @@ The story of a step at ``now``, on a snapshot and every gang built from it::
              through the reclaim ledger (Opening.shrunk), never below the maximum;
              stuck torn gangs are told (Opening.told), those past their grace released: their
              survivors are asked to leave through the reclaim ledger (Opening.released);
+             victims waiting for their next checkpoint that reached it (or their wait's end)
+             are asked now, and the surplus members of nodes with an early warning are asked
+             to leave for their own gang, at their next checkpoint (scheduler.early_warning)
+             (Opening.asks);
              a gang whose raised minimum is above its bound members, while they still meet
              the minimum it ran with and the rest could fit beside them, is patient: it
              keeps running, is neither warned nor released, and waits for room
     decide   gangs in turn on the snapshot (scheduler.cycle.decide_in_turn), lazily, one
              Outcome each, each decision on the room the ones before it left
     apply    each decision's ledger side before it is handed out: victims asked (never one
-             already asked), room held or given to the members placed, a torn gang with no
-             room and none on its way is stuck; what its pods are told (Outcome.unplaced)
+             already asked; those of a gang with patience that report progress wait for their
+             next checkpoint instead, scheduler.loss), room held or given to the members
+             placed, a torn gang with no room and none on its way is stuck; what its pods are
+             told (Outcome.unplaced)
 
 A step decides for at most ``batch_decisions`` gangs and ends after a decision with victims (the
 room it holds changes what the next gangs may use). The caller may stop taking outcomes sooner
@@ -39,12 +45,23 @@ from __future__ import annotations
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from contracts.times import format_time
+from scheduler import early_warning
 from scheduler.cache import Snapshot, node_state
-from scheduler.cycle import Config, Decision, decide_in_turn
-from scheduler.model import Gang, GangKey, NodeName, NodeState, PodKey, PodRequest, Unschedulable
+from scheduler.cycle import Config, Decision, decide_in_turn, replacements_fit
+from scheduler.loss import checkpoint_mark, patience, progress_of
+from scheduler.model import (
+    Gang,
+    GangKey,
+    NodeName,
+    NodeState,
+    PodKey,
+    PodRequest,
+    Unschedulable,
+)
 from scheduler.placement import Request, place
 from scheduler.queue import GangQueue
-from scheduler.reclaim_ledger import ReclaimLedger, Room
+from scheduler.reclaim_ledger import Proceed, ReclaimLedger, Room, Wait
 from scheduler.torn import Torn, TornLedger, survivors
 
 
@@ -63,6 +80,12 @@ class StepSettings:
     hold_extra: float = 120.0
     #: How long a gang may stay torn and stuck before its survivors are released.
     torn_grace: float = 60.0
+    #: Patience per PriorityClass name (scheduler.loss.patience), when a gang says none.
+    class_patience: Mapping[str, float] = field(default_factory=dict)
+    #: Move surplus members off nodes with an early warning (scheduler.early_warning).
+    early_warnings: bool = True
+    #: The longest a surplus member of a warned node waits for its next checkpoint.
+    early_warning_wait: float = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +106,20 @@ class Shrink:
     gang: Gang
     asked: tuple[PodRequest, ...]
     leave_by: float
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """``asked`` leave for ``gang`` by ``leave_by``, each for the reason in ``why``: victims
+    that waited for their checkpoint, or surplus members of a node with an early warning
+    (``gang`` is then their own)."""
+
+    gang: Gang
+    asked: tuple[PodRequest, ...]
+    leave_by: float
+    why: Mapping[PodKey, str] = field(default_factory=dict)
+    #: Chosen now too, but waiting for their next checkpoint (asked in a later step).
+    waiting: tuple[PodRequest, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +146,8 @@ class Opening:
     expired: tuple[GangKey, ...] = ()
     #: Gangs above a lowered maximum: their surplus members asked to leave now.
     shrunk: tuple[Shrink, ...] = ()
+    #: Waiting victims asked now, and members moved off nodes with an early warning.
+    asks: tuple[Ask, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +158,10 @@ class Outcome:
     #: Victims asked to leave now for the gang, by ``leave_by`` (none already asked before).
     asked: tuple[PodRequest, ...] = ()
     leave_by: float | None = None
+    #: Why each victim was chosen (its expected loss and rank).
+    why: Mapping[PodKey, str] = field(default_factory=dict)
+    #: Victims chosen that wait for their next checkpoint before they are asked.
+    waiting: tuple[PodRequest, ...] = ()
     #: Room held for these members of the gang meanwhile (``status.nominatedNodeName``).
     nominated: tuple[tuple[PodRequest, NodeName], ...] = ()
     #: The gang is torn and stuck: tell its users (new, or what it says changed).
@@ -182,6 +225,9 @@ def step(ledgers: Ledgers, gangs: Sequence[Gang], snapshot: Snapshot, now: float
     update = reclaims.update(gangs, snapshot.pods, now)
     evict = tuple(snapshot.pods[key] for key in reclaims.due(snapshot.pods, now))
     shrunk = tuple(_shrink(reclaims, gangs, now))
+    asks = _proceed(reclaims, gangs, snapshot.pods, now)
+    if ledgers.settings.early_warnings:
+        asks += tuple(_warned(reclaims, gangs, snapshot, now, ledgers.settings))
     reserved = reclaims.reserved()
     patient = frozenset(
         g.key
@@ -190,7 +236,7 @@ def step(ledgers: Ledgers, gangs: Sequence[Gang], snapshot: Snapshot, now: float
     )
     torn = ledgers.torn.update(gangs, now, patient=patient)
     released = tuple(_release(reclaims, due, now) for due in torn.due)
-    opening = Opening(evict, torn.told, released, update.expired, shrunk)
+    opening = Opening(evict, torn.told, released, update.expired, shrunk, asks)
     outcomes = _decide(
         ledgers, gangs, snapshot, now, reserved=reserved, leaving=update.leaving, patient=patient
     )
@@ -277,7 +323,7 @@ def _decide(
     )
     try:
         for count, decision in enumerate(turn, start=1):
-            yield _apply(ledgers, decision, snapshot.pods, now, decision.gang.key in patient)
+            yield _apply(ledgers, decision, snapshot, now, patient=decision.gang.key in patient)
             if decision.victims or count >= settings.batch_decisions:
                 return
     finally:
@@ -287,21 +333,30 @@ def _decide(
 def _apply(
     ledgers: Ledgers,
     decision: Decision,
-    pods: Mapping[PodKey, PodRequest],
+    snapshot: Snapshot,
     now: float,
+    *,
     patient: bool = False,
 ) -> Outcome:
     """The ledger side of ``decision``, and what carrying it out means."""
     gang = decision.gang
     members = {p.key: p for p in gang.members}
     asked: tuple[PodRequest, ...] = ()
+    waiting: tuple[PodRequest, ...] = ()
     leave_by: float | None = None
     if decision.victims:
+        pods = snapshot.pods
         victims = [pods[key] for key in decision.victims if key in pods]
         room = ((a.node, members[a.pod].requests) for a in decision.nominated)
-        keys, leave_by = ledgers.reclaims.ask(gang.key, (p.key for p in victims), room, now)
+        seconds = patience(gang, snapshot.pod_groups, ledgers.settings.class_patience)
+        wait = _checkpoint_waits(victims, _waited(gang, victims, decision.why), now + seconds)
+        wait = wait if seconds > 0 else {}
+        keys, leave_by = ledgers.reclaims.ask(
+            gang.key, (p.key for p in victims), room, now, wait=wait
+        )
         fresh = set(keys)
         asked = tuple(p for p in victims if p.key in fresh)
+        waiting = tuple(p for p in victims if p.key in wait)
     told = _stuck(ledgers, decision, now)
     if decision.bindings:
         ledgers.reclaims.placed(gang.key)
@@ -309,11 +364,127 @@ def _apply(
         decision,
         asked=asked,
         leave_by=leave_by,
+        why=decision.why,
+        waiting=waiting,
         nominated=tuple((members[a.pod], a.node) for a in decision.nominated),
         told=told,
-        unplaced=_unplaced(decision, patient),
+        unplaced=_unplaced(decision, patient, ledgers.reclaims.waits_for(gang.key)),
         binds=tuple((members[a.pod], a.node) for a in decision.bindings),
     )
+
+
+def _waited(
+    gang: Gang, victims: Sequence[PodRequest], why: Mapping[PodKey, str]
+) -> dict[PodKey, str]:
+    """What a victim that waits for its checkpoint is told once asked."""
+    default = f"chosen to make room for gang {gang.name}"
+    return {p.key: f"{why.get(p.key, default)}; waited for its next checkpoint" for p in victims}
+
+
+def _proceed(
+    reclaims: ReclaimLedger, gangs: Sequence[Gang], pods: Mapping[PodKey, PodRequest], now: float
+) -> tuple[Ask, ...]:
+    """Waiting victims asked now, grouped by the gang they leave for and their leave-by."""
+    by_key = {g.key: g for g in gangs}
+    groups: dict[tuple[GangKey, float], list[Proceed]] = {}
+    for ready in reclaims.proceed(pods, now):
+        groups.setdefault((ready.gang, ready.leave_by), []).append(ready)
+    asks: list[Ask] = []
+    for (key, leave_by), ready_ones in groups.items():
+        gang = by_key.get(key)
+        if gang is not None:
+            asked = tuple(pods[r.key] for r in ready_ones)
+            asks.append(Ask(gang, asked, leave_by, {r.key: r.why for r in ready_ones}))
+    return tuple(asks)
+
+
+def _warned(
+    reclaims: ReclaimLedger,
+    gangs: Sequence[Gang],
+    snapshot: Snapshot,
+    now: float,
+    settings: StepSettings,
+) -> Iterator[Ask]:
+    """Surplus members on nodes with an early warning leave for their own gang: at their next
+    checkpoint (at most ``early_warning_wait`` later), at once when they report no progress;
+    least expected loss first, never taking the gang below its minimum (members already
+    leaving count as gone), and only as many as their replacements fit on the other nodes now
+    (a member with nowhere to go stays until the node's own notice)."""
+    warned = {n: w for n, s in snapshot.nodes.items() if (w := early_warning.warning(s.node))}
+    reclaims.cancel_waits(warned)
+    if not warned:
+        return
+    spent = reclaims.spent()
+    cost, until = settings.config.victim_cost, now + settings.early_warning_wait
+    for gang in gangs:
+        staying = [p for p in survivors(gang) if p.key not in spent]
+        movable = [p for p in staying if p.node in warned and not early_warning.told_by_agent(p)]
+        extra = len(staying) - gang.min_member
+        if not movable or extra <= 0:
+            continue
+        youngest = sorted(movable, key=lambda p: (p.created, p.name), reverse=True)
+        cheapest = sorted(youngest, key=lambda p: cost(p, now).rank())[:extra]
+        movers = _replaceable(gang, cheapest, snapshot, warned, settings.config)
+        if not movers:
+            continue
+        why = {p.key: _warned_why(gang, p, warned) for p in movers}
+        waits = _checkpoint_waits(movers, why, until, warned=True)
+        keys, leave_by = reclaims.ask(gang.key, why, (), now, hold=False, wait=waits)
+        asked = tuple(p for p in movers if p.key in set(keys))
+        waiting = tuple(p for p in movers if p.key in waits)
+        if asked or waiting:
+            texts = {k: f"{why[k]}; asked at once" for k in keys}
+            yield Ask(gang, asked, leave_by, texts, waiting)
+
+
+def _replaceable(
+    gang: Gang,
+    movers: Sequence[PodRequest],
+    snapshot: Snapshot,
+    warned: Mapping[NodeName, str],
+    config: Config,
+) -> Sequence[PodRequest]:
+    """The first of ``movers`` whose replacements (same shape) all fit, together, on the nodes
+    without a warning as they are now, placed as the gang's surplus members are (its bound on
+    each member's risk included: a member whose replacement could only go to capacity riskier
+    than the bound allows stays where it is)."""
+    elsewhere = Snapshot(
+        {n: s for n, s in snapshot.nodes.items() if n not in warned},
+        snapshot.pods,
+        snapshot.pod_groups,
+    )
+    leaving = {p.key for p in movers}
+    staying = tuple(p.node for p in survivors(gang) if p.node and p.key not in leaving)
+    for count in range(len(movers), 0, -1):
+        if replacements_fit(gang, movers[:count], elsewhere, config, staying):
+            return movers[:count]
+    return ()
+
+
+def _warned_why(gang: Gang, pod: PodRequest, warned: Mapping[NodeName, str]) -> str:
+    node = pod.node or NodeName("")
+    return (
+        f"node {node} is expected to go ({warned[node]}); gang {gang.name} keeps its minimum "
+        f"{gang.min_member} without this surplus member, and its replacement is placed elsewhere"
+    )
+
+
+def _checkpoint_waits(
+    pods: Sequence[PodRequest],
+    why: Mapping[PodKey, str],
+    until: float,
+    *,
+    warned: bool = False,
+) -> dict[PodKey, Wait]:
+    """A wait for the next checkpoint for each of ``pods`` that reports progress (those that
+    report none are asked at once); ``warned``: because of their node's early warning."""
+    waits: dict[PodKey, Wait] = {}
+    for pod in pods:
+        mark = checkpoint_mark(progress_of(pod))
+        if mark is not None:
+            node = pod.node if warned else None
+            waits[pod.key] = Wait(until, mark, why[pod.key], node=node)
+    return waits
 
 
 def _stuck(ledgers: Ledgers, decision: Decision, now: float) -> Torn | None:
@@ -327,13 +498,23 @@ def _stuck(ledgers: Ledgers, decision: Decision, now: float) -> Torn | None:
     return ledgers.torn.stuck(decision.gang, now)
 
 
-def _unplaced(decision: Decision, patient: bool = False) -> Unplaced | None:
+def _unplaced(
+    decision: Decision, patient: bool = False, checkpoints: tuple[int, float] | None = None
+) -> Unplaced | None:
+    """What the gang's waiting pods are told; ``checkpoints``: how many of the victims chosen
+    for it wait for their next checkpoint, and until when at the latest."""
     gang = decision.gang
     why = decision.unschedulable
     if why is not None:
         message = why.message()
         if patient:
             message = f"{raised_minimum_text(gang)} {message}"
+        if checkpoints is not None:
+            count, until = checkpoints
+            message = (
+                f"Reclaim waits for the next checkpoint of {count} member(s) chosen to leave "
+                f"for gang {gang.name}, until {format_time(until)} at the latest; {message}"
+            )
         return Unplaced(gang, gang.pending, message, waiting=why.waiting)
     if decision.surplus_unschedulable is not None:
         placed = {a.pod for a in decision.bindings}

@@ -21,8 +21,10 @@ from typing import Any
 from contracts import names
 from contracts.times import format_time
 from scheduler.cache.cache import node_state
+from scheduler.gang import why as why_text
 from scheduler.gang.build import build_gangs
 from scheduler.gang.kinds import KINDS
+from scheduler.gang.sources import NAMED
 from scheduler.k8s import convert
 from scheduler.model import Gang, InvalidGang, PodGroup, PodPhase, PodRequest, split_group_ref
 
@@ -62,19 +64,22 @@ def display_name(gang: Gang | InvalidGang) -> str:
     gang of one (the source column tells them apart; ``key`` is unique)."""
     if gang.pod_group:
         return split_group_ref(gang.pod_group)[2]
-    for tag in ("/pod:", "/conflict:"):
-        if tag in gang.key:
-            return gang.key.split(tag, 1)[1]
+    for tag in _TAGS:
+        if f"/{tag}:" in gang.key:
+            return gang.key.split(f"/{tag}:", 1)[1]
     return gang.name
+
+
+#: The sources whose gang keys are ``namespace/<tag>:name``, named by their tag.
+_TAGS = ("pod", "conflict", *(source.tag for source in NAMED))
 
 
 def _source(gang: Gang | InvalidGang) -> str:
     if gang.pod_group:
         return KINDS.of_ref(gang.pod_group).title
-    if "/pod:" in gang.key:
-        return "pod"
-    if "/conflict:" in gang.key:
-        return "conflict"
+    for tag in _TAGS:
+        if f"/{tag}:" in gang.key:
+            return tag
     return "label"
 
 
@@ -112,12 +117,7 @@ class Index:
 
     def reclaimed_for(self, key: str) -> list[PodRequest]:
         """Live pods the scheduler asked to leave to make room for gang ``key``."""
-        return [
-            p
-            for p in self.pods
-            if p.annotations.get(names.RECLAIMED_FOR_ANNOTATION) == key
-            and p.phase not in (PodPhase.SUCCEEDED, PodPhase.FAILED)
-        ]
+        return why_text.reclaimed_for(key, self.pods)
 
     def condition(self, pod: PodRequest) -> Raw | None:
         raw = self.raw_pods.get(pod.key) or {}
@@ -132,19 +132,6 @@ def _ours(event: Raw, scheduler_name: str) -> bool:
     return scheduler_name in (event.get("reportingComponent"), source.get("component"))
 
 
-def _phase(gang: Gang | InvalidGang, reclaiming: bool) -> str:
-    if isinstance(gang, InvalidGang):
-        return "Invalid"
-    bound = len(gang.bound)
-    if bound >= gang.min_member:
-        return "Admitted"
-    if bound > 0:
-        return "Torn"
-    if len(gang.members) < gang.min_member:
-        return "WaitingForMembers"
-    return "Reclaiming" if reclaiming else "Waiting"
-
-
 def _latest_condition(index: Index, gang: Gang | InvalidGang) -> Raw | None:
     found = [c for p in gang.members if p.node is None for c in [index.condition(p)] if c]
     found.sort(key=lambda c: convert.timestamp(c.get("lastTransitionTime")))
@@ -154,43 +141,32 @@ def _latest_condition(index: Index, gang: Gang | InvalidGang) -> Raw | None:
 def _reason(
     index: Index, gang: Gang | InvalidGang, phase: str, victims: Sequence[PodRequest]
 ) -> tuple[str, str]:
-    """``(code, message)``: why the gang is where it is, in one line."""
-    if isinstance(gang, InvalidGang):
-        return gang.reason, _one_line(gang.message)
-    if phase == "Admitted":
-        return "", ""
-    events = index.gang_events(gang)
-    if phase == "Torn":
+    """``(code, message)``: why the gang is where it is, in one line, from the newest thing the
+    scheduler wrote about it (:func:`scheduler.gang.why.reason` words it)."""
+    said: tuple[str, str] | None = None
+    if isinstance(gang, Gang) and phase == "Torn":
         # The newest of what it was told: torn and to be released, or (a raised minimum)
         # running while it waits for room.
-        torn = [e for e in events if e.get("reason") in ("GangBelowMinimum", "WaitingForRoom")]
-        if torn:
-            last = torn[-1]
-            return str(last.get("reason")), _one_line(str(last.get("message") or ""))
-        return "GangBelowMinimum", (
-            f"{len(gang.bound)} of {gang.min_member} bound; waiting for "
-            f"{gang.min_missing - len(gang.pending)} more member(s)"
-        )
-    cond = _latest_condition(index, gang)
-    code, text = "", ""
-    if cond is not None:
-        code, text = str(cond.get("reason") or ""), _one_line(str(cond.get("message") or ""))
-    elif events:
-        code = str(events[-1].get("reason") or "")
-        text = _one_line(str(events[-1].get("message") or ""))
-    if phase == "WaitingForMembers":
-        code = "WaitingForMembers"
-        text = text or f"{len(gang.members)} of {gang.min_member} member(s) exist"
-    if victims:
-        names_ = ", ".join(p.key for p in victims)
-        text = f"reclaiming {len(victims)} pod(s) for it: {names_}" + (f"; {text}" if text else "")
-        code = "Reclaiming"
-    return code, text or "not yet considered by the scheduler"
+        told = [
+            e
+            for e in index.gang_events(gang)
+            if e.get("reason") in ("GangBelowMinimum", "WaitingForRoom")
+        ]
+        if told:
+            said = str(told[-1].get("reason")), str(told[-1].get("message") or "")
+    elif isinstance(gang, Gang) and phase != "Admitted":
+        cond = _latest_condition(index, gang)
+        events = index.gang_events(gang)
+        if cond is not None:
+            said = str(cond.get("reason") or ""), str(cond.get("message") or "")
+        elif events:
+            said = str(events[-1].get("reason") or ""), str(events[-1].get("message") or "")
+    return why_text.reason(gang, phase, victims, said)
 
 
 def gang_row(index: Index, gang: Gang | InvalidGang, now: float) -> dict[str, Any]:
     victims = index.reclaimed_for(gang.key)
-    phase = _phase(gang, bool(victims))
+    phase = why_text.phase(gang, bool(victims))
     code, reason = _reason(index, gang, phase, victims)
     valid = isinstance(gang, Gang)
     created = (
@@ -251,7 +227,14 @@ def why(
     cond = _latest_condition(index, gang)
     events = index.gang_events(gang)
     victims = index.reclaimed_for(gang.key)
-    row["decision"] = _decision(row, gang)
+    row["decision"] = why_text.decision(
+        gang,
+        row["phase"],
+        bound=row["bound"],
+        code=row["reasonCode"],
+        text=row["reason"],
+        victims=victims,
+    )
     row["condition"] = (
         {
             "reason": cond.get("reason"),
@@ -290,54 +273,6 @@ def why(
         for e in events[-5:]
     ]
     return row
-
-
-def _decision(row: Mapping[str, Any], gang: Gang | InvalidGang) -> str:
-    """The gang's state and what it waits for, as a sentence."""
-    phase = row["phase"]
-    if phase == "Invalid":
-        return f"Not scheduled: its definition is wrong ({row['reasonCode']}): {row['reason']}"
-    assert isinstance(gang, Gang)
-    counts = f"{row['bound']} of min {gang.min_member} (max {gang.max_member}) bound"
-    if phase == "Admitted":
-        leaving = [p for p in gang.members if names.LEAVE_BY_ANNOTATION in p.annotations]
-        told = "".join(
-            f" {p.key} is asked to leave by {p.annotations[names.LEAVE_BY_ANNOTATION]}"
-            + _leaves_for(p.annotations.get(names.RECLAIMED_FOR_ANNOTATION), gang)
-            for p in leaving
-        )
-        if row["bound"] > gang.max_member:
-            counts += f", above its maximum {gang.max_member}: the youngest leave"
-        return f"Admitted: {counts}.{told}"
-    if phase == "Torn":
-        head = (
-            "Running below its raised minimum"
-            if row["reasonCode"] == "WaitingForRoom"
-            else "Below its minimum after being admitted"
-        )
-        return f"{head}: {counts}. {row['reason']}"
-    if phase == "WaitingForMembers":
-        return (
-            f"Waiting for members: {len(gang.members)} of {gang.min_member} exist, "
-            f"none bound until all {gang.min_member} do."
-        )
-    if phase == "Reclaiming":
-        victims = ", ".join(row["reclaimedForIt"])
-        return (
-            f"Waiting for room being reclaimed for it: {counts}; "
-            f"{len(row['reclaimedForIt'])} pod(s) asked to leave: {victims}."
-        )
-    return f"Waiting for capacity: {counts}. {row['reason']}"
-
-
-def _leaves_for(target: str | None, gang: Gang) -> str:
-    """Why a member of ``gang`` asked to leave leaves: room for another gang, or its own
-    maximum was lowered."""
-    if target is None:
-        return "."
-    if target == gang.key:
-        return f" (its gang's maximum is {gang.max_member})."
-    return f" to make room for {target}."
 
 
 def _notices(meta: Raw, taints: Iterable[Raw]) -> list[dict[str, Any]]:

@@ -11,70 +11,18 @@ of writes never holds up a list.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from common.listwatch import Gone
-from nodeagent.core.events import Notice, Pod, Tracked
 
 T = TypeVar("T")
-
-
-class ClusterPort(Protocol):
-    """The Kubernetes calls the agent makes (see :class:`nodeagent.adapters.k8s.Cluster`);
-    blocking."""
-
-    last_ok: float
-    dry_run: bool
-
-    def read_revocation(self) -> list[Tracked]: ...
-    def list_pods(self) -> list[Pod]: ...
-    def sync_node(self, tracked: Sequence[Tracked]) -> None: ...
-    def annotate_pod(self, pod: Pod, notice: Notice) -> bool: ...
-    def clear_pod(self, pod: Pod) -> bool: ...
-    def warn_pod(self, pod: Pod, reason: str, message: str) -> None: ...
-    def evict(self, pod: Pod, reason: str) -> bool: ...
-    def delete(self, pod: Pod, grace_seconds: int) -> bool: ...
-    def write_topology(self, text: str) -> None: ...
 
 
 #: The version a watch started from is too old (HTTP 410 Gone): list again (the shared loop's
 #: :class:`common.listwatch.Gone`).
 WatchExpired = Gone
-
-
-@dataclass(frozen=True, slots=True)
-class Change(Generic[T]):
-    """One change a watch saw: ``item`` added or changed, or ``gone`` (deleted; for a pod also
-    finished, since a pod list leaves out pods that succeeded or failed); ``item`` is None for a
-    bookmark. Each carries the watch's ``version`` to resume from."""
-
-    item: T | None
-    gone: bool
-    version: str
-
-
-#: A change to one of this node's pods (for annotations: a slotted generic alias cannot be called).
-PodChange = Change[Pod]
-
-
-class Feed(Protocol[T]):
-    """Objects of one kind, listed then watched through a field selector (this node's pods, the
-    Node itself, the Events of a reason; see :mod:`nodeagent.adapters.k8s.cluster`); blocking."""
-
-    def list_at(self) -> tuple[list[T], str]:
-        """The objects and the version of the list (to watch from)."""
-
-    def watch(self, version: str, timeout: int) -> Iterator[Change[T]]:
-        """Each change after ``version`` until the server ends the watch (after ``timeout``
-        seconds) or :meth:`stop_watch`, after an empty change (no item, no version) once the
-        server has answered; raises :class:`WatchExpired` when ``version`` is too old, another
-        exception when the API server cannot be reached or the watch breaks."""
-
-    def stop_watch(self) -> None:
-        """End the watch under way, from another thread."""
 
 
 class ApiCalls:

@@ -32,7 +32,7 @@ from typing import Generic, TypeVar
 import structlog
 
 from common import listwatch
-from nodeagent.adapters.calls import Change, Feed
+from nodeagent.core.ports import Change, Feed
 
 log = structlog.get_logger("nodeagent")
 

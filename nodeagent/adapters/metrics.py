@@ -75,6 +75,18 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.progress_reports = Counter(
+            "shoal_agent_progress_reports",
+            "Progress reports taken from workers over the notice socket.",
+            registry=r,
+        )
+        self.progress_writes = Counter(
+            "shoal_agent_progress_writes",
+            "Writes of a pod's shoal.dev/progress (at most one per pod per minute), by result: "
+            "written, gone (the pod left), failed.",
+            ["result"],
+            registry=r,
+        )
         self.socket_serving = Gauge(
             "shoal_agent_socket_serving",
             "1 while new workers can connect to the notice socket at its path, else 0.",

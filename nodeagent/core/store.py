@@ -25,6 +25,12 @@ Adapters ask :meth:`Store.due` for the actions due at ``now``, carry them out, a
 result with :meth:`Store.record`; an action that failed stays due. Training workers are evicted
 first; other pods only once no worker is left under the same notice (or at the deadline margin).
 
+The store is the one owner of a notice from detection to eviction, and lets go of what it keeps
+with its notice or its pod: when each notice was detected (:meth:`Store.detected_at`), when each
+pod's workers were first told (:meth:`Store.told_at`), which notices the node has drained under
+(:meth:`Store.newly_drained`). Those moments are the caller's monotonic seconds, kept only for it
+to time what follows; the store never compares them with ``now``.
+
 Each pod follows the most urgent disruptive notice that concerns it: a node-wide one, or one
 scoped to it (a failed GPU, the scheduler's reclaim). Only node-wide notices taint and annotate
 the node.
@@ -99,6 +105,9 @@ class _PodState:
     notified: tuple[EventId, datetime] | None = None
     #: The workers heard the notice over gRPC (which goes out before the annotation is written).
     heard: tuple[EventId, datetime] | None = None
+    #: When the workers were first told over gRPC (the caller's monotonic seconds), until they
+    #: are told of a withdrawal.
+    told_at: float | None = None
     acked_step: int | None = None
     evict_attempted_at: datetime | None = None
     evicted: bool = False
@@ -200,6 +209,10 @@ class Store:
     _notices: dict[EventId, Tracked] = field(default_factory=dict)
     _pods: dict[PodUid, _PodState] = field(default_factory=dict)
     _node_applied: tuple[tuple[EventId, datetime, bool], ...] = ()
+    #: When each live notice was detected (the caller's monotonic seconds); let go with it.
+    _detected: dict[EventId, float] = field(default_factory=dict)
+    #: The live notices the node has drained under (said once each); let go with them.
+    _drained: set[EventId] = field(default_factory=set)
 
     # --- inputs -----------------------------------------------------------------------------
 
@@ -236,8 +249,16 @@ class Store:
             return (governing.event_id, governing.deadline)
         return None
 
-    def observe(self, channel: str, notices: Iterable[Notice], now: datetime) -> list[EventId]:
-        """A complete, successful read of ``channel``. Returns the ids that are new."""
+    def observe(
+        self,
+        channel: str,
+        notices: Iterable[Notice],
+        now: datetime,
+        *,
+        detected: float | None = None,
+    ) -> list[EventId]:
+        """A complete, successful read of ``channel``. Returns the ids that are new; ``detected``
+        (the caller's monotonic seconds) is kept as their detection time."""
         seen: dict[EventId, Notice] = {}
         for notice in notices:
             if notice.channel != channel:
@@ -250,6 +271,8 @@ class Store:
         ]
         for gone in withdrawn:
             del self._notices[gone]
+            self._detected.pop(gone, None)
+            self._drained.discard(gone)
         if withdrawn:
             self._forget_acks()
         new: list[EventId] = []
@@ -258,6 +281,8 @@ class Store:
             if known is None:
                 self._notices[event_id] = Tracked(notice=notice, first_seen=utc(now))
                 new.append(event_id)
+                if detected is not None:
+                    self._detected[event_id] = detected
             elif notice.deadline < known.notice.deadline:
                 self._notices[event_id] = replace(known, notice=notice)
         return new
@@ -314,9 +339,10 @@ class Store:
             if t.notice.disruptive and (t.notice.scope is None or pod.key in t.notice.scope)
         }
 
-    def heard(self, uid: PodUid, notice: Notice) -> bool:
+    def heard(self, uid: PodUid, notice: Notice, *, at: float | None = None) -> bool:
         """The pod's workers were told about ``notice`` (they may acknowledge from now on).
-        Returns False when they had already been told exactly this (nothing new to send)."""
+        Returns False when they had already been told exactly this (nothing new to send).
+        ``at`` (the caller's monotonic seconds) is kept as when they were first told."""
         state = self._pods.get(uid)
         if state is None:
             return False
@@ -324,7 +350,31 @@ class Store:
         if state.heard == told:
             return False
         state.heard = told
+        if state.told_at is None:
+            state.told_at = at
         return True
+
+    def unheard(self) -> list[tuple[PodUid, Notice]]:
+        """Pods told of their governing notice by annotation whose workers have not heard it
+        over the socket: an agent restarted under a live notice restores ``notified`` from the
+        pod's ``leave-by`` (so no :class:`NotifyPod` is due), and a worker whose watch opened
+        before the notice was restored got "no notice" first thing; it must be told now."""
+        found: list[tuple[PodUid, Notice]] = []
+        for uid, state in self._pods.items():
+            if state.pod.daemon or state.out() or state.notified is None:
+                continue
+            governing = self.governing_for(state.pod)
+            told = None if governing is None else (governing.event_id, governing.deadline)
+            if governing is not None and state.notified == told and state.heard != told:
+                found.append((uid, governing))
+        return found
+
+    def told_withdrawal(self, uid: PodUid) -> None:
+        """The pod's workers were told that their notice was withdrawn: the next notice they
+        are told is timed afresh."""
+        state = self._pods.get(uid)
+        if state is not None:
+            state.told_at = None
 
     def mark_worker(self, uid: PodUid) -> None:
         """The pod opened a notice watch: it is a training worker whatever its labels say."""
@@ -376,6 +426,37 @@ class Store:
             if tracked is not None:
                 return tracked.notice
         return None
+
+    def detected_at(self, event_id: EventId) -> float | None:
+        """When the live notice was detected (the caller's monotonic seconds), if it was."""
+        return self._detected.get(event_id)
+
+    def told_at(self, uid: PodUid) -> float | None:
+        """When the pod's workers were first told of their notice (the caller's monotonic
+        seconds); None when they were not, or were told of its withdrawal since."""
+        state = self._pods.get(uid)
+        return state.told_at if state is not None else None
+
+    def newly_drained(self) -> Notice | None:
+        """The governing notice, the first time every pod it concerns is out: the node has
+        drained under it (once per event id while the notice is live)."""
+        governing = self.governing()
+        if governing is None or governing.event_id in self._drained or not self.pods_out():
+            return None
+        self._drained.add(governing.event_id)
+        return governing
+
+    def footprint(self) -> dict[str, int]:
+        """How many notices and pods the store holds something for, and how many detection
+        times, first-told times and drained notices it keeps: each is bounded by the notices
+        live and the pods bound now, never by all it ever saw."""
+        return {
+            "notices": len(self._notices),
+            "pods": len(self._pods),
+            "detected": len(self._detected),
+            "told": sum(st.told_at is not None for st in self._pods.values()),
+            "drained": len(self._drained),
+        }
 
     def pods_out(self) -> bool:
         """Every pod that is not a daemon is on its way out (or there are none)."""

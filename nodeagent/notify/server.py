@@ -6,7 +6,14 @@ Who is calling: the request names the pod (namespace, name) and its uid, which t
 the Downward API. The agent only answers a pod bound to *this* node under *that* uid, so a
 process cannot watch or acknowledge for a pod elsewhere or for an earlier incarnation. An ack
 is accepted only for a pod already under notice, and all it can do is make that pod leave
-sooner: the worst a forged ack achieves is what the deadline would have done anyway.
+sooner: the worst a forged ack achieves is what the deadline would have done anyway. On a
+platform without pods (Slurm, protocol 0.3.0) a caller names its job step instead, and the
+service admits it only when the platform places the calling process in that step
+(:class:`~nodeagent.notify.peers.StepGate`; the process is known from the kernel through the
+relay in :mod:`nodeagent.notify.peers`); pod identities are then refused. A progress
+report (protocol 0.2.0) is taken under the same check and handed to a
+:class:`~nodeagent.core.progress.ProgressSink`, which writes it on the pod at most once a minute:
+a forged one can only misstate how much the pod itself would lose.
 
 What a caller can make the agent hold is bounded (:class:`SocketLimits`): any process that reaches
 the hostPath can connect, and the agent shares its memory limit with everything it must do on a
@@ -26,9 +33,10 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import math
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -39,10 +47,15 @@ from google.protobuf.message import DecodeError
 from shoal_worker.protocol import notices_pb2 as pb
 from shoal_worker.protocol import rpc
 
+from contracts import progress as progress_doc
+from contracts.progress import Progress, ProgressError
+from contracts.times import LATEST
 from nodeagent.adapters.metrics import Metrics
 from nodeagent.core.events import Notice, PodKey, PodUid, rfc3339
 from nodeagent.core.ports import Board
+from nodeagent.core.progress import ProgressSink
 from nodeagent.core.store import AckOutcome
+from nodeagent.notify.peers import PeerRelay, StepGate
 from nodeagent.notify.socketfile import Change, FileId, Folder, can_bind, change, clear, listening
 
 log = structlog.get_logger("nodeagent.notify")
@@ -100,7 +113,34 @@ def message(notice: Notice | None, *, withdrawn: bool = False) -> pb.Notice:
     )
 
 
-Request = TypeVar("Request", pb.WatchRequest, pb.AcknowledgeRequest)
+def progress_of(request: pb.ProgressRequest, reported_at: float) -> Progress:
+    """The report in a ``ProgressRequest``, received at ``reported_at`` (seconds since the
+    epoch, the agent's clock), validated as the ``shoal.dev/progress`` document is read
+    (:func:`contracts.progress.decode`); raises :class:`ProgressError` naming the field. The
+    worker's side is ``shoal_worker.progress.request``."""
+    at_ms = int(request.checkpoint_unix_ms)
+    checkpoint_at = at_ms / 1000 if at_ms else None
+    if checkpoint_at is not None and not 0 < checkpoint_at < _LATEST_S:
+        raise ProgressError(f"checkpoint_unix_ms: not a time, got {at_ms}")
+    for name in ("step_seconds", "checkpoint_seconds"):
+        if not math.isfinite(getattr(request, name)):
+            raise ProgressError(f"{name}: want seconds, got {getattr(request, name)!r}")
+    report = Progress(
+        step=int(request.step),
+        step_seconds=float(request.step_seconds),
+        checkpoint_step=int(request.checkpoint_step),
+        checkpoint_at=checkpoint_at,
+        checkpoint_seconds=float(request.checkpoint_seconds),
+        reported_at=reported_at,
+    )
+    # One home for what a valid document is: the codec the scheduler reads it with.
+    return progress_doc.decode(progress_doc.encode(report))
+
+
+#: Times past this are garbage (the codec's own bound).
+_LATEST_S: Final = LATEST.timestamp()
+
+Request = TypeVar("Request", pb.WatchRequest, pb.AcknowledgeRequest, pb.ProgressRequest)
 
 
 async def _decode(kind: type[Request], data: bytes, context: Any) -> Request:
@@ -122,6 +162,12 @@ LIMITS: Final = {"namespace": 63, "name": 253, "uid": 128}
 IDENTITY_REQUIRED: Final = (
     "the request must name the calling pod: namespace (at most 63 characters), name (253) "
     "and uid (128), from the Downward API"
+)
+
+
+STEP_REQUIRED: Final = (
+    "this agent serves Slurm job steps: the request must name the calling job step "
+    "(SLURM_JOB_ID, SLURM_STEP_ID, SLURMD_NODENAME)"
 )
 
 
@@ -224,9 +270,20 @@ class NoticeService(rpc.NoticesServicer):  # type: ignore[misc]
     :class:`Watches`, created by the wiring)."""
 
     def __init__(
-        self, board: Board, limits: SocketLimits | None = None, watches: Watches | None = None
+        self,
+        board: Board,
+        limits: SocketLimits | None = None,
+        watches: Watches | None = None,
+        *,
+        progress: ProgressSink | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._board = board
+        #: Where progress reports go (None: the call is answered UNIMPLEMENTED, as by an agent
+        #: older than protocol 0.2.0); ``wall`` stamps them.
+        self._progress = progress
+        self._wall = wall
+        self.progress_refused = 0
         self.limits = limits or SocketLimits()
         self.watches = watches or Watches()
         #: Watches admitted (counted from before the caller is identified, so that a burst of
@@ -236,6 +293,9 @@ class NoticeService(rpc.NoticesServicer):  # type: ignore[misc]
         self.dropped = 0
         #: When the last call came (monotonic); memory is handed back for a while after it.
         self._called_at: float | None = None
+        #: On a platform without pods (Slurm): callers name a job step, checked through this
+        #: gate, and no pod identity is taken (docs/slurm.md).
+        self.steps: StepGate | None = None
 
     def watchers(self) -> int:
         return self.watches.watchers()
@@ -264,11 +324,30 @@ class NoticeService(rpc.NoticesServicer):  # type: ignore[misc]
             if called is not None and time.monotonic() - called <= quiet_after:
                 _trim()
 
+    async def _caller(self, pod: Any, context: Any) -> tuple[PodKey, PodUid] | None:
+        """Who is calling: the pod it names, or, with a step gate, the job step it names once
+        the platform has admitted the calling process; None (after aborting) when neither."""
+        if self.steps is None:
+            if pod.HasField("slurm"):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, IDENTITY_REQUIRED)
+                return None
+            ident = _identity(pod)
+            if ident is None:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, IDENTITY_REQUIRED)
+            return ident
+        if not pod.HasField("slurm"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, STEP_REQUIRED)
+            return None
+        admitted = await self.steps.admit(pod.slurm, context.peer())
+        if isinstance(admitted, str):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, admitted)
+            return None
+        return admitted
+
     async def Watch(self, request: Any, context: Any) -> AsyncIterator[pb.Notice]:
         self._called()
-        ident = _identity(request.pod)
+        ident = await self._caller(request.pod, context)
         if ident is None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, IDENTITY_REQUIRED)
             return
         key, uid = ident
         limits = self.limits
@@ -315,14 +394,36 @@ class NoticeService(rpc.NoticesServicer):  # type: ignore[misc]
 
     async def Acknowledge(self, request: Any, context: Any) -> pb.AcknowledgeReply:
         self._called()
-        ident = _identity(request.pod)
-        if ident is None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, IDENTITY_REQUIRED)
+        ident = await self._caller(request.pod, context)
         assert ident is not None
         key, uid = ident
         outcome = await self._board.acknowledge(key, uid, int(request.step))
         log.info("worker_acknowledged", pod=key, step=int(request.step), outcome=outcome.value)
         return pb.AcknowledgeReply(accepted=outcome is AckOutcome.ACCEPTED, detail=outcome.value)
+
+    async def Progress(self, request: Any, context: Any) -> pb.ProgressReply:
+        self._called()
+        sink = self._progress
+        if sink is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "progress reports are not taken")
+        ident = await self._caller(request.pod, context)
+        assert sink is not None
+        assert ident is not None
+        key, uid = ident
+        if not await self._board.identify(key, uid):
+            return self._progress_refused(key, "not-on-node")
+        try:
+            report = progress_of(request, self._wall())
+        except ProgressError as exc:
+            return self._progress_refused(key, f"invalid: {exc}")
+        sink.report(key, uid, report)
+        return pb.ProgressReply(accepted=True, detail="accepted")
+
+    def _progress_refused(self, key: PodKey, detail: str) -> pb.ProgressReply:
+        self.progress_refused += 1
+        if self.progress_refused == 1 or self.progress_refused % 1000 == 0:
+            log.warning("progress_refused", pod=key, detail=detail, refused=self.progress_refused)
+        return pb.ProgressReply(accepted=False, detail=detail)
 
     async def _watch(self, data: bytes, context: Any) -> AsyncIterator[pb.Notice]:
         request = await _decode(pb.WatchRequest, data, context)
@@ -332,6 +433,10 @@ class NoticeService(rpc.NoticesServicer):  # type: ignore[misc]
     async def _acknowledge(self, data: bytes, context: Any) -> pb.AcknowledgeReply:
         request = await _decode(pb.AcknowledgeRequest, data, context)
         return await self.Acknowledge(request, context)
+
+    async def _report(self, data: bytes, context: Any) -> pb.ProgressReply:
+        request = await _decode(pb.ProgressRequest, data, context)
+        return await self.Progress(request, context)
 
     def handler(self, calls: Calls | None = None) -> Any:
         """The service's methods, taking the request as bytes so that the service, not gRPC,
@@ -353,6 +458,13 @@ class NoticeService(rpc.NoticesServicer):  # type: ignore[misc]
             finally:
                 counted.ended()
 
+        async def report(data: bytes, context: Any) -> pb.ProgressReply:
+            counted.began()
+            try:
+                return await self._report(data, context)
+            finally:
+                counted.ended()
+
         return grpc.method_handlers_generic_handler(
             "shoal.v1.Notices",
             {
@@ -361,6 +473,9 @@ class NoticeService(rpc.NoticesServicer):  # type: ignore[misc]
                 ),
                 "Acknowledge": grpc.unary_unary_rpc_method_handler(
                     acknowledge, response_serializer=pb.AcknowledgeReply.SerializeToString
+                ),
+                "Progress": grpc.unary_unary_rpc_method_handler(
+                    report, response_serializer=pb.ProgressReply.SerializeToString
                 ),
             },
         )
@@ -396,6 +511,14 @@ class _Bound:
     server: Any
     file: FileId | None
     calls: Calls
+    #: What accepts callers at the path when the agent reads their credentials
+    #: (:class:`~nodeagent.notify.peers.PeerRelay`); None when gRPC does.
+    front: asyncio.AbstractServer | None = None
+
+    async def stop(self, grace: float | None) -> None:
+        if self.front is not None:
+            self.front.close()
+        await self.server.stop(grace)
 
 
 class NoticeServer:
@@ -420,8 +543,10 @@ class NoticeServer:
         *,
         metrics: Metrics | None = None,
         check_every: float = CHECK_EVERY,
+        relay: PeerRelay | None = None,
     ) -> None:
         self._service = service
+        self._relay = relay
         self.path = path
         self._metrics = metrics
         self._check_every = check_every
@@ -459,17 +584,25 @@ class NoticeServer:
             options=server_options(limits), maximum_concurrent_rpcs=limits.watches + OTHER_CALLS
         )
         server.add_generic_rpc_handlers((self._service.handler(calls),))
-        server.add_insecure_port(f"unix:{bound_at}")
+        relay = self._relay
+        # With a relay, gRPC listens in the relay's private folder and the relay at the path.
+        inner = bound_at if relay is None else relay.inner(self._binds)
+        server.add_insecure_port(f"unix:{inner}")
         await server.start()
+        front = None
         try:
+            if relay is not None:
+                front = await relay.serve(bound_at, inner)
             # Pods run as other users: anyone who can reach the hostPath may connect; identity
             # is checked per call.
             os.chmod(bound_at, 0o666)  # noqa: S103
             os.replace(bound_at, self.path)
         except OSError:
+            if front is not None:
+                front.close()
             await server.stop(0)
             raise
-        return _Bound(server, FileId.at(self.path), calls)
+        return _Bound(server, FileId.at(self.path), calls, front)
 
     async def _keep(self) -> None:
         while True:
@@ -550,7 +683,7 @@ class NoticeServer:
         done = [b for b in self._retiring if b.calls.quiet_for(now) > after]
         for bound in done:
             self._retiring.remove(bound)
-            await bound.server.stop(0)
+            await bound.stop(0)
 
     def live(self) -> tuple[bool, dict[str, Any]]:
         """For ``/healthz``: whether new workers can connect at the path, and why not."""
@@ -573,7 +706,9 @@ class NoticeServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         bound = [*self._retiring, *([self._current] if self._current is not None else [])]
-        await asyncio.gather(*(b.server.stop(grace) for b in bound))
+        await asyncio.gather(*(b.stop(grace) for b in bound))
+        if self._relay is not None:
+            self._relay.close()
         # Gone with the agent: a worker then finds no socket (and falls back to its leave-by
         # file) rather than one nobody answers. Another's socket at the path is left.
         if self._current is not None and FileId.at(self.path) == self._current.file:
@@ -593,11 +728,17 @@ async def serve(
     *,
     metrics: Metrics | None = None,
     check_every: float = CHECK_EVERY,
+    relay: PeerRelay | None = None,
 ) -> NoticeServer:
     """Start the service on a unix socket (a stale socket file is replaced) and keep it served
-    there (:class:`NoticeServer`)."""
+    there (:class:`NoticeServer`); with ``relay``, the relay accepts the callers and reads their
+    credentials (:mod:`nodeagent.notify.peers`)."""
     if limits is not None:
         service.limits = limits
-    server = NoticeServer(service, Path(socket_path), metrics=metrics, check_every=check_every)
+    if relay is not None:
+        relay.limit = service.limits.connections
+    server = NoticeServer(
+        service, Path(socket_path), metrics=metrics, check_every=check_every, relay=relay
+    )
     await server.start()
     return server

@@ -14,6 +14,9 @@ Each piece of state has one room (one job each):
 - :class:`~nodeagent.wiring.drain.DrainWatch`: when the node has drained;
 - :class:`~nodeagent.wiring.reconcile.Reconciler`: the reconcile loop;
 - :class:`~nodeagent.wiring.reports.Reports`: ``/healthz``, ``/readyz`` and ``/status``;
+- :class:`~nodeagent.wiring.progress.ProgressWriter`: the workers' progress reports (over the
+  notice socket), written on their pods at most once per pod per minute, on an API thread of
+  its own;
 - the GPU monitor, when enabled (topology, allocation, XID health, GPU-fault notices), whose
   topology :class:`~nodeagent.wiring.topology.TopologyWriter` puts on the node.
 
@@ -40,14 +43,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from nodeagent.adapters.calls import ApiCalls, ClusterPort, Feed
+from nodeagent.adapters.calls import ApiCalls
 from nodeagent.adapters.follow import WatchSettings
 from nodeagent.adapters.gpu.monitor import GpuMonitor, GpuOptions
 from nodeagent.adapters.metrics import Metrics
 from nodeagent.adapters.podcache import PodCache
-from nodeagent.adapters.providers import Provider
 from nodeagent.adapters.webhook import Webhook
 from nodeagent.core.events import Pod
+from nodeagent.core.ports import ClusterPort, Feed, Provider
 from nodeagent.core.store import Settings, Store
 from nodeagent.notify.server import NoticeService, Watches
 from nodeagent.wiring.board import NoticeBoard
@@ -57,6 +60,7 @@ from nodeagent.wiring.executor import Executor
 from nodeagent.wiring.guard import Guard
 from nodeagent.wiring.intake import Intake
 from nodeagent.wiring.pods import PodList
+from nodeagent.wiring.progress import ProgressWriter
 from nodeagent.wiring.reconcile import Reconciler
 from nodeagent.wiring.reports import Reports
 from nodeagent.wiring.topology import TopologyWriter
@@ -119,7 +123,6 @@ class Agent:
         self.intake = Intake(
             store, channels, m, node_name=node_name, clock=clock, wake=wake, webhook=webhook
         )
-        detected_at = self.intake.detected_at
         self.pods = PodList(
             store,
             cluster,
@@ -140,12 +143,15 @@ class Agent:
             self.pods,
             m,
             watches=watches,
-            detected_at=detected_at,
             wake=wake,
             identify_timeout=s.identify_timeout,
         )
+        self._progress_calls = ApiCalls(timeout=s.api_timeout, concurrency=1)
+        self.progress = ProgressWriter(store, cluster, self._progress_calls, m)
         #: The ``shoal.v1.Notices`` service (serve it with :func:`nodeagent.notify.server.serve`).
-        self.service = NoticeService(self.board, watches=watches)
+        self.service = NoticeService(
+            self.board, watches=watches, progress=self.progress, wall=lambda: clock().timestamp()
+        )
         self.executor, self.reconciler = self._reconcile(cluster, s, woken, node_name, clock)
         topology = TopologyWriter(cluster, calls)
         self.gpu = None if gpu is None else self._gpu(gpu, topology, clock)
@@ -177,7 +183,6 @@ class Agent:
             self.store,
             self.metrics,
             node_name=node_name,
-            detected_at=self.intake.detected_at,
             webhook=self.webhook,
         )
         reconciler = Reconciler(
@@ -225,6 +230,7 @@ class Agent:
             self.guard.run(f"provider-{provider.name}", watch)
         self.guard.run("pods", self.pods.run)
         self.guard.run("reconcile", self.reconciler.run)
+        self.guard.run("progress", self.progress.run)
         if self.gpu is not None:
             self.guard.run("gpu", self.gpu.run)
 
@@ -233,6 +239,7 @@ class Agent:
         await self.executor.stop()
         await self.pods.stop()
         self._calls.close()
+        self._progress_calls.close()
         for provider in self.providers:
             await provider.aclose()
         if self.webhook is not None:

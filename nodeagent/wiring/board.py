@@ -9,8 +9,10 @@ board, the watches and the service; the board never sees the service. Per pod::
     not told --tell--> told --withdraw (WITHDRAWN to its watches)--> not told
 
 A pod is told each notice once (the store remembers what it heard); a watch opened later gets
-the current notice first thing. The time a pod was first told is kept, and its acknowledgement
-is timed from it. An accepted acknowledgement wakes the reconcile loop: the pod's eviction is
+the current notice first thing. The store keeps when the pod was first told (and lets go of it
+with the pod), and its acknowledgement is timed from it; the time to notify is timed from the
+notice's detection, which the store keeps too. The board itself keeps nothing per pod or
+notice. An accepted acknowledgement wakes the reconcile loop: the pod's eviction is
 due at once.
 """
 
@@ -23,7 +25,7 @@ from collections.abc import Callable
 import structlog
 
 from nodeagent.adapters.metrics import Metrics
-from nodeagent.core.events import EventId, Notice, PodKey, PodUid
+from nodeagent.core.events import Notice, PodKey, PodUid
 from nodeagent.core.ports import NoticeWatches
 from nodeagent.core.store import AckOutcome, Store
 from nodeagent.wiring.pods import PodList
@@ -44,7 +46,6 @@ class NoticeBoard:
         metrics: Metrics,
         *,
         watches: NoticeWatches,
-        detected_at: Callable[[EventId], float | None],
         wake: Callable[[], None],
         identify_timeout: float = 5.0,
     ) -> None:
@@ -52,11 +53,8 @@ class NoticeBoard:
         self._pods = pods
         self._metrics = metrics
         self._watches = watches
-        self._detected_at = detected_at
         self._wake = wake
         self._identify_timeout = identify_timeout
-        #: When each pod under notice was first told (monotonic).
-        self._told: dict[PodUid, float] = {}
 
     # --- what the gRPC service asks ------------------------------------------------------------
 
@@ -83,7 +81,7 @@ class NoticeBoard:
     async def acknowledge(self, key: PodKey, uid: PodUid, step: int) -> AckOutcome:
         outcome = self._store.acknowledge(key, uid, step)
         if outcome is AckOutcome.ACCEPTED:
-            told = self._told.get(uid)
+            told = self._store.told_at(uid)
             if told is not None:
                 self._metrics.ack.observe(time.monotonic() - told)
             self._wake()
@@ -93,19 +91,18 @@ class NoticeBoard:
 
     def tell(self, uid: PodUid, notice: Notice) -> None:
         """Tell the pod's watches ``notice``, unless they heard exactly this already."""
-        if not self._store.heard(uid, notice):
+        now = time.monotonic()
+        if not self._store.heard(uid, notice, at=now):
             return  # a watch opened later gets it first thing
         reached = self._watches.publish(uid, notice)
-        now = time.monotonic()
-        self._told.setdefault(uid, now)
-        detected = self._detected_at(notice.event_id)
+        detected = self._store.detected_at(notice.event_id)
         if reached and detected is not None:
             self._metrics.notify.observe(now - detected)
 
     def withdraw(self, uid: PodUid) -> None:
         """Tell the pod's watches that its notice was withdrawn."""
         self._watches.publish(uid, None, withdrawn=True)
-        self._told.pop(uid, None)
+        self._store.told_withdrawal(uid)
 
     def watchers(self) -> int:
         return self._watches.watchers()

@@ -15,27 +15,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
 from nodeagent.adapters.metrics import Metrics
 from nodeagent.core.events import rfc3339
+from nodeagent.core.ports import Reader
 
 log = structlog.get_logger("nodeagent")
 
 #: An error streak is logged at its first error and then every this many.
 LOG_EVERY = 60
-
-
-class Reader(Protocol):
-    """Who reads a channel (a provider)."""
-
-    @property
-    def name(self) -> str: ...
-
-    def stale_after(self) -> float:
-        """Seconds without a successful read after which the channel counts as unreachable."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,20 +10,21 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
 from common import logs
 from common.values import parse_bool
 from contracts.names import REVOKING_TAINT
-from nodeagent import podresources
-from nodeagent.adapters.gpu.monitor import GpuOptions
+from nodeagent.adapters import podresources
+from nodeagent.adapters.gpu.monitor import GpuMonitor, GpuOptions
 from nodeagent.adapters.gpu.xid import XidPolicy
 from nodeagent.adapters.podcache import FILENAME, PodCache
-from nodeagent.adapters.providers import Provider, select
+from nodeagent.adapters.providers import select
 from nodeagent.adapters.providers.base import Clock
 from nodeagent.adapters.providers.kube import (
     DEFAULT_TAINTS,
@@ -32,7 +33,11 @@ from nodeagent.adapters.providers.kube import (
     KubeTaintProvider,
 )
 from nodeagent.adapters.webhook import Webhook
+from nodeagent.core.events import PodKey
+from nodeagent.core.ports import ClusterPort, Provider
+from nodeagent.core.skew import APISERVER, METADATA
 from nodeagent.core.store import Settings
+from nodeagent.notify.peers import PeerRelay, StepGate
 from nodeagent.notify.server import DEFAULT_SOCKET, SocketLimits, serve
 from nodeagent.wiring import clock, health
 from nodeagent.wiring.agent import Agent, AgentSettings, wall_clock
@@ -172,12 +177,29 @@ def parser() -> argparse.ArgumentParser:
     _timing_flags(flags)
     _gpu_flags(flags)
     _kube_flags(flags)
+    _slurm_flags(flags)
     _log_flags(flags)
     return p
 
 
+#: The platforms the agent runs on, and what its platform calls go through (docs/slurm.md).
+KUBERNETES = "kubernetes"
+SLURM = "slurm"
+#: What the agent does with a Slurm job once its workers acknowledged or the margin came.
+SLURM_ON_NOTICE = ("requeue", "shrink", "none")
+
+
 def _node_flags(flags: _Flags) -> None:
     add = flags.add
+    flags.choice(
+        "--platform",
+        "SHOAL_PLATFORM",
+        "where the agent runs: kubernetes (a DaemonSet; taint, annotate, evict through the API "
+        "server) or slurm (a service next to slurmd; drain, requeue through scontrol, no "
+        "Kubernetes API; docs/slurm.md)",
+        KUBERNETES,
+        (KUBERNETES, SLURM),
+    )
     add("--kubeconfig", "KUBECONFIG", "kubeconfig file; in-cluster config when not given")
     add("--node-name", "NODE_NAME", "this node's name (the Downward API's spec.nodeName)")
     flags.choice(
@@ -414,6 +436,24 @@ def _kube_flags(flags: _Flags) -> None:
     )
 
 
+def _slurm_flags(flags: _Flags) -> None:
+    flags.choice(
+        "--slurm-on-notice",
+        "SHOAL_SLURM_ON_NOTICE",
+        "with --platform slurm, what happens to a job on the node once its workers "
+        "acknowledged (or the evict margin came): requeue it; shrink it off this node when it "
+        "has other nodes and Slurm takes it (else requeue); none: leave it to Slurm",
+        "requeue",
+        SLURM_ON_NOTICE,
+    )
+    flags.add(
+        "--scontrol",
+        "SHOAL_SCONTROL",
+        "with --platform slurm, the scontrol command the agent runs",
+        "scontrol",
+    )
+
+
 def _log_flags(flags: _Flags) -> None:
     flags.choice(
         "--log-format",
@@ -525,6 +565,98 @@ def build_agent(
     return agent
 
 
+class GpuJobs(Protocol):
+    """The platform's answer to which job holds each GPU, by index (Slurm:
+    :meth:`nodeagent.adapters.slurm.SlurmCluster.gpu_jobs`); blocking."""
+
+    def gpu_jobs(self) -> dict[int, PodKey]: ...
+
+
+class SlurmPort(ClusterPort, GpuJobs, Protocol):
+    """What the Slurm agent's wiring needs of its platform adapter."""
+
+
+def build_slurm_agent(
+    args: argparse.Namespace, cluster: SlurmPort, cloud: Provider, clock: Clock = wall_clock
+) -> Agent:
+    """The agent on a Slurm node: the cloud's provider only (the Kubernetes-side signals have
+    no Slurm counterpart), the jobs listed every few seconds (Slurm has no watch), and which
+    job holds each GPU asked of Slurm instead of the kubelet."""
+    pod_cache = None
+    if args.state_dir:
+        pod_cache = PodCache(Path(args.state_dir) / FILENAME, args.node_name)
+    gpu = gpu_options(args)
+    monitors: list[GpuMonitor] = []
+
+    async def owners() -> dict[str, str]:
+        """Each GPU's holder by uuid, as the GPU monitor wants it (Slurm names GPUs by index)."""
+        held = await asyncio.to_thread(cluster.gpu_jobs)
+        topology = monitors[0].topology if monitors else None
+        if topology is None:
+            return {}
+        return {g.uuid: held[g.index] for g in topology.gpus if g.index in held}
+
+    agent = Agent(
+        cluster,
+        [cloud],
+        node_name=args.node_name,
+        settings=agent_settings(args),
+        clock=clock,
+        pod_cache=pod_cache,
+        webhook=Webhook(args.webhook_url) if args.webhook_url else None,
+        gpu=None if gpu is None else replace(gpu, owners=owners),
+    )
+    if agent.gpu is not None:
+        monitors.append(agent.gpu)
+    return agent
+
+
+@dataclass(slots=True)
+class Platform:
+    """The agent on its platform: how the clock's skew is reported on the node, what to close
+    at the end, and (Slurm) the relay that knows each caller of the notice socket."""
+
+    agent: Agent
+    warn_node: Callable[[str, str], None]
+    close: Callable[[], None]
+    relay: PeerRelay | None = None
+
+
+def kubernetes_platform(
+    args: argparse.Namespace, cloud: Provider, clocks: clock.ClockCheck
+) -> Platform:
+    from nodeagent.adapters.k8s import Cluster
+
+    cluster = Cluster.connect(
+        args.kubeconfig,
+        args.node_name,
+        dry_run=args.dry_run,
+        local=clocks.local,
+        on_date=clocks.probe(APISERVER),
+        wall=clocks.timestamp,
+    )
+    agent = build_agent(args, cluster, cloud, clocks.now)
+    return Platform(agent, cluster.warn_node, cluster.close)
+
+
+def slurm_platform(args: argparse.Namespace, cloud: Provider, clocks: clock.ClockCheck) -> Platform:
+    """The agent next to slurmd: scontrol instead of the API server, and callers of the notice
+    socket admitted by their job step (the Slurm adapter is imported only here)."""
+    from nodeagent.adapters.slurm import OnNotice, SlurmCallers, SlurmCluster
+
+    cluster = SlurmCluster(
+        args.node_name,
+        on_notice=OnNotice(args.slurm_on_notice),
+        command=args.scontrol,
+        state_dir=Path(args.state_dir) if args.state_dir else None,
+        dry_run=args.dry_run,
+    )
+    agent = build_slurm_agent(args, cluster, cloud, clocks.now)
+    relay = PeerRelay()
+    agent.service.steps = StepGate(SlurmCallers(args.node_name, command=args.scontrol), relay)
+    return Platform(agent, cluster.warn_node, cluster.close, relay)
+
+
 def clock_check() -> clock.ClockCheck:
     """The agent's clock: the local one (shifted by the test hook ``SHOAL_TEST_CLOCK_OFFSET``
     when set, see :mod:`nodeagent.wiring.clock`), corrected by the measured offset."""
@@ -544,8 +676,6 @@ async def _until_signalled() -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    from nodeagent.adapters.k8s import Cluster
-
     provider_name = args.provider
     if provider_name == "auto":
         provider_name = await select.detect(args.metadata_url)
@@ -559,20 +689,20 @@ async def run(args: argparse.Namespace) -> int:
         aws_lifecycle_lead=args.aws_lifecycle_lead,
         clock=clocks.now,
         local=clocks.local,
-        on_date=clocks.probe(clock.METADATA),
+        on_date=clocks.probe(METADATA),
     )
-    cluster = Cluster.connect(
-        args.kubeconfig,
-        args.node_name,
-        dry_run=args.dry_run,
-        local=clocks.local,
-        on_date=clocks.probe(clock.APISERVER),
-        wall=clocks.timestamp,
+    on = slurm_platform if args.platform == SLURM else kubernetes_platform
+    platform = on(args, cloud, clocks)
+    agent = platform.agent
+    skew = clock.SkewWatch(
+        clocks, agent.metrics, platform.warn_node, threshold=args.clock_skew_warn
     )
-    agent = build_agent(args, cluster, cloud, clocks.now)
-    skew = clock.SkewWatch(clocks, agent.metrics, cluster.warn_node, threshold=args.clock_skew_warn)
     grpc_server = await serve(
-        agent.service, args.socket, socket_limits(args), metrics=agent.metrics
+        agent.service,
+        args.socket,
+        socket_limits(args),
+        metrics=agent.metrics,
+        relay=platform.relay,
     )
     host, port = args.listen
     runner, bound = await health.serve(
@@ -583,6 +713,7 @@ async def run(args: argparse.Namespace) -> int:
     log.info(
         "agent_started",
         node=args.node_name,
+        platform=args.platform,
         provider=provider_name,
         dry_run=args.dry_run,
         socket=args.socket,
@@ -594,7 +725,7 @@ async def run(args: argparse.Namespace) -> int:
     await grpc_server.stop(1.0)
     await runner.cleanup()
     with contextlib.suppress(Exception):
-        cluster.close()
+        platform.close()
     return 0
 
 
@@ -603,6 +734,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.node_name:
         parser().error("--node-name (or NODE_NAME) is required")
     logs.configure(args.log_format, args.log_level)
+    if args.platform == SLURM:
+        return asyncio.run(run(args))
     from nodeagent.adapters.k8s.transport import KubeconfigError
 
     try:

@@ -1,8 +1,10 @@
 """Drain detection: says once per notice when the node it governs has drained.
 
-After each reconcile turn the governing notice (the most urgent node-wide one) is checked: once
-every pod it concerns is out, the node has drained. That is logged, timed from the notice's
-detection, and sent to the webhook, once per event id::
+After each reconcile turn the store is asked whether the governing notice (the most urgent
+node-wide one) has drained (:meth:`nodeagent.core.store.Store.newly_drained`): once every pod it
+concerns is out, the node has drained. That is logged, timed from the notice's detection (which
+the store keeps), and sent to the webhook, once per event id while the notice is live (the store
+remembers which, and lets go with the notice)::
 
     draining --every pod out--> drained (final for that event id)
 """
@@ -10,13 +12,11 @@ detection, and sent to the webhook, once per event id::
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import structlog
 
 from nodeagent.adapters.metrics import Metrics
 from nodeagent.adapters.webhook import Webhook, payload
-from nodeagent.core.events import EventId
 from nodeagent.core.store import Store
 
 log = structlog.get_logger("nodeagent")
@@ -31,24 +31,18 @@ class DrainWatch:
         metrics: Metrics,
         *,
         node_name: str,
-        detected_at: Callable[[EventId], float | None],
         webhook: Webhook | None = None,
     ) -> None:
         self._store = store
         self._metrics = metrics
         self._node_name = node_name
-        self._detected_at = detected_at
         self._webhook = webhook
-        self._drained: set[EventId] = set()
 
     def check(self) -> None:
-        governing = self._store.governing()
-        if governing is None or governing.event_id in self._drained:
+        governing = self._store.newly_drained()
+        if governing is None:
             return
-        if not self._store.pods_out():
-            return
-        self._drained.add(governing.event_id)
-        detected = self._detected_at(governing.event_id)
+        detected = self._store.detected_at(governing.event_id)
         if detected is not None:
             self._metrics.drain.observe(time.monotonic() - detected)
         log.warning("node_drained", event_id=governing.event_id)

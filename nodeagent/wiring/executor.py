@@ -1,4 +1,4 @@
-"""Carrying out the store's actions through the :class:`~nodeagent.adapters.calls.ClusterPort`.
+"""Carrying out the store's actions through the :class:`~nodeagent.core.ports.ClusterPort`.
 
 Each action writes to a target (the node, a pod, a cloud event), one write at a time per target,
 each in the background on the API threads (:class:`~nodeagent.adapters.calls.ApiCalls`): the
@@ -7,7 +7,7 @@ loop starts what is due and never waits for it. Per target::
 
     idle --start--> in flight --done--> idle
                         |
-                        +--failed--> held back for retry_after --> idle
+                        +--failed--> held back for retry_after --next start--> idle
 
 Each result goes to the store (:meth:`nodeagent.core.store.Store.record`; a failed action stays
 due),
@@ -31,9 +31,8 @@ from datetime import datetime
 
 import structlog
 
-from nodeagent.adapters.calls import ApiCalls, ClusterPort
+from nodeagent.adapters.calls import ApiCalls
 from nodeagent.adapters.metrics import Metrics
-from nodeagent.adapters.providers import Provider
 from nodeagent.core.events import (
     AckUpstream,
     Action,
@@ -47,6 +46,7 @@ from nodeagent.core.events import (
     WithdrawPod,
     rfc3339,
 )
+from nodeagent.core.ports import ClusterPort, Provider
 from nodeagent.core.store import Store, short_notice
 from nodeagent.wiring.board import NoticeBoard
 
@@ -102,12 +102,16 @@ class Executor:
         self._retry_at: dict[str, float] = {}
 
     def start(self, actions: Sequence[Action], now: float) -> None:
-        """Start each action whose target is idle at ``now`` (monotonic)."""
+        """Start each action whose target is idle at ``now`` (monotonic). A target held back
+        whose time has come is let go first: tried now if an action is still due for it,
+        forgotten if none is (its pod left, its notice went), so that nothing is held back,
+        nor the loop woken, for what is no longer due."""
+        for key in [k for k, at in self._retry_at.items() if at <= now]:
+            del self._retry_at[key]
         for action in actions:
             key = target(action)
-            if key in self._inflight or self._retry_at.get(key, 0.0) > now:
+            if key in self._inflight or key in self._retry_at:
                 continue
-            self._retry_at.pop(key, None)
             self._inflight[key] = asyncio.create_task(
                 self._carry_out(key, action), name=f"nodeagent-{key}"
             )
@@ -176,12 +180,15 @@ class Executor:
         """The pod's annotation and Event (not for a reclaim: the scheduler wrote it); and, for a
         notice shorter than the pod's checkpoint, a log line and a Warning Event saying what is
         lost (docs/workers.md, "A notice shorter than the checkpoint")."""
+        # The time given counts from when the pod was told (its workers heard it as the loop
+        # started this write), not from when the API server took the annotation.
+        told = self._clock()
         # False means the pod is gone: nothing left to tell.
         if pod.reclaimed_for is None and not await self._calls.write(
             self._cluster.annotate_pod, pod, notice
         ):
             return
-        short = short_notice(pod, notice, self._clock())
+        short = short_notice(pod, notice, told)
         if short is None:
             return
         log.warning(

@@ -15,6 +15,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from nodeagent.adapters.metrics import Metrics
+from nodeagent.core.ports import NoticeSocket
 
 
 class Endpoints(Protocol):
@@ -34,13 +35,6 @@ class Endpoints(Protocol):
 
     def status(self) -> dict[str, Any]:
         """``/status``, with every pod name (hidden here from callers off the node)."""
-
-
-class NoticeSocket(Protocol):
-    """The notice socket (:class:`nodeagent.notify.server.NoticeServer`): whether new workers
-    can connect to it, and why not."""
-
-    def live(self) -> tuple[bool, dict[str, Any]]: ...
 
 
 ENDPOINTS = web.AppKey[Endpoints]("endpoints")

@@ -7,8 +7,8 @@ An observation updates the channel's read health (:mod:`nodeagent.wiring.channel
 store, which deduplicates by event id and notices withdrawals. The scheduler's reclaims come from
 the pods room (:meth:`Intake.reclaims`, the channel ``scheduler/reclaim``), read from this node's
 pods rather than from a metadata channel. Each notice new to the store is
-detected: its time is kept (the time to notify and to drain are measured from it), it is counted
-and logged, and a disruptive one goes to the webhook. A change of the live notices wakes the
+detected: the store keeps its time (the time to notify and to drain are measured from it), it is
+counted and logged, and a disruptive one goes to the webhook. A change of the live notices wakes the
 reconcile loop.
 """
 
@@ -21,11 +21,11 @@ from datetime import datetime
 import structlog
 
 from nodeagent.adapters.metrics import Metrics
-from nodeagent.adapters.providers import Provider, ProviderError, Sink
 from nodeagent.adapters.webhook import Webhook, payload
-from nodeagent.core.events import RECLAIM_CHANNEL, EventId, Notice, rfc3339
+from nodeagent.core.events import RECLAIM_CHANNEL, Notice, rfc3339
+from nodeagent.core.ports import Provider, ProviderError, Reader, Sink
 from nodeagent.core.store import Store
-from nodeagent.wiring.channels import Channels, Reader
+from nodeagent.wiring.channels import Channels
 
 log = structlog.get_logger("nodeagent")
 
@@ -65,15 +65,9 @@ class Intake:
         self._clock = clock
         self._wake = wake
         self._webhook = webhook
-        #: When each notice the store holds was first detected (monotonic); let go with it.
-        self._detected: dict[EventId, float] = {}
 
     def sink(self, provider: Provider) -> Sink:
         return _ProviderSink(self, provider)
-
-    def detected_at(self, event_id: EventId) -> float | None:
-        """When the notice was first detected (monotonic), if it was."""
-        return self._detected.get(event_id)
 
     def observed(
         self, channel: str, notices: Sequence[Notice], reader: Reader | None = None
@@ -89,16 +83,13 @@ class Intake:
 
     def _take(self, channel: str, notices: Sequence[Notice]) -> None:
         before = {t.notice.event_id for t in self._store.active()}
-        new = self._store.observe(channel, notices, self._clock())
+        new = self._store.observe(channel, notices, self._clock(), detected=time.monotonic())
         live = {t.notice.event_id: t.notice for t in self._store.active()}
         for event_id in new:
             self._detect(live[event_id])
         for event_id in before - live.keys():
             self._metrics.withdrawn.inc()
             log.warning("notice_withdrawn", event_id=event_id, channel=channel)
-        # The store owns which notices are live: a detection time goes with its notice.
-        for event_id in self._detected.keys() - live.keys():
-            del self._detected[event_id]
         self._metrics.active.set(len(live))
         if before != set(live) or new:
             self._wake()
@@ -107,7 +98,6 @@ class Intake:
         self._channels.failed(channel, reader, kind=error.kind, error=str(error))
 
     def _detect(self, notice: Notice) -> None:
-        self._detected[notice.event_id] = time.monotonic()
         self._metrics.notices.labels(notice.source, notice.kind.value).inc()
         lead = (notice.deadline - self._clock()).total_seconds()
         self._metrics.lead.observe(max(0.0, lead))

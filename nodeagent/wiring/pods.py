@@ -12,7 +12,7 @@ Whether the state is restored (:attr:`PodList.restored`)::
 Until restored nothing is written, since a write could repeat or undo what the last agent did;
 the restore is retried every ``retry_after`` until the API server answers.
 
-Then, with a pod feed (:class:`~nodeagent.adapters.calls.Feed`, the API server's watch with the
+Then, with a pod feed (:class:`~nodeagent.core.ports.Feed`, the API server's watch with the
 field
 selector ``spec.nodeName``), the pods are followed as client-go's informers do
 (:class:`~nodeagent.adapters.follow.Follower`: watch from the list's version, each change applied
@@ -40,10 +40,11 @@ from datetime import datetime
 
 import structlog
 
-from nodeagent.adapters.calls import ApiCalls, ClusterPort, Feed, PodChange
+from nodeagent.adapters.calls import ApiCalls
 from nodeagent.adapters.follow import Follower, WatchSettings
 from nodeagent.adapters.podcache import PodCache
 from nodeagent.core.events import Notice, Pod, PodUid
+from nodeagent.core.ports import ClusterPort, Feed, PodChange
 from nodeagent.core.store import Store, reclaim_notice
 
 log = structlog.get_logger("nodeagent")
@@ -101,7 +102,8 @@ class PodList:
         )
         self._listing: asyncio.Task[None] | None = None
         self._view: dict[PodUid, Pod] = {}
-        #: Pods the watch saw go since the last whole list (a caller's list may be older).
+        #: Pods the watch saw go while a caller's list was under way (begun before, it may still
+        #: show them); let go once that list is answered.
         self._gone: set[PodUid] = set()
         self._saving: asyncio.Task[None] | None = None
         self._unsaved = False
@@ -146,6 +148,7 @@ class PodList:
         else:
             added = [p for p in pods if p.uid not in self._view and p.uid not in self._gone]
             self._view.update((p.uid, p) for p in added)
+            self._gone.clear()
         if self.origin != "api":
             log.info("pods_listed", pods=len(pods), before=self.origin)
             self.origin = "api"
@@ -219,7 +222,8 @@ class PodList:
         if pod is None:
             return
         if change.gone:
-            self._gone.add(pod.uid)
+            if self._listing is not None and not self._listing.done():
+                self._gone.add(pod.uid)
             if self._view.pop(pod.uid, None) is None:
                 return
         elif self._view.get(pod.uid) == pod:

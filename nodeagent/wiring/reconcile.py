@@ -64,6 +64,8 @@ class Reconciler:
         for action in actions:
             if isinstance(action, NotifyPod):
                 self._board.tell(action.pod.uid, action.notice)
+        for uid, notice in self._store.unheard():
+            self._board.tell(uid, notice)
         if not self._pods.restored:
             return
         self._executor.start(actions, time.monotonic())

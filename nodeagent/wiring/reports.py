@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
-from nodeagent.adapters.calls import ClusterPort
 from nodeagent.adapters.metrics import Metrics
 from nodeagent.core.events import Tracked, rfc3339
+from nodeagent.core.ports import ClusterPort, GpuView
 from nodeagent.core.store import Store
 from nodeagent.wiring.board import NoticeBoard
 from nodeagent.wiring.channels import Channels
@@ -32,16 +32,6 @@ from nodeagent.wiring.reconcile import Reconciler
 STALL_AFTER = 30.0
 
 Document = tuple[bool, dict[str, Any]]
-
-
-class GpuView(Protocol):
-    """What the reports show of the GPU monitor
-    (:class:`nodeagent.adapters.gpu.monitor.GpuMonitor`)."""
-
-    state: str
-    allocation: str
-
-    def report(self) -> dict[str, object]: ...
 
 
 def _notice(tracked: Tracked) -> dict[str, Any]:

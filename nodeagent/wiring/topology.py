@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from contracts import gputopology
 from contracts.gputopology import GpuTopology
-from nodeagent.adapters.calls import ApiCalls, ClusterPort
+from nodeagent.adapters.calls import ApiCalls
+from nodeagent.core.ports import ClusterPort
 
 
 class TopologyWriter:

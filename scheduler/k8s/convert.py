@@ -15,6 +15,7 @@ from typing import Any
 
 from contracts import gputopology, names
 from contracts.times import parse_time_or
+from scheduler.early_warning import revocation_warning
 from scheduler.model import (
     Node,
     NodeName,
@@ -206,6 +207,7 @@ def pod(raw: Mapping[str, Any]) -> PodRequest:
         node=NodeName(node) if node else None,
         phase=phase,
         priority=int(spec.get("priority") or 0),
+        priority_class=str(spec.get("priorityClassName") or ""),
         created=timestamp(meta.get("creationTimestamp")),
         labels=dict(meta.get("labels") or {}),
         annotations=dict(meta.get("annotations") or {}),
@@ -255,4 +257,5 @@ def node(raw: Mapping[str, Any], problems: list[str] | None = None) -> Node:
         unschedulable=bool(spec.get("unschedulable")),
         spot=names.is_spot(labels),
         gpu_topology=topology,
+        early_warning=revocation_warning(annotations.get(names.REVOCATION_ANNOTATION)),
     )

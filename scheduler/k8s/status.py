@@ -34,6 +34,7 @@ from common.kubeevents import EventSource, event_body
 from contracts import names
 from contracts.times import format_time
 from scheduler import torn as torn_core
+from scheduler.gang import why
 from scheduler.gang.build import gang_of
 from scheduler.gang.group_status import GroupStatus
 from scheduler.gang.kinds import KINDS, ConditionPatch, GroupWrite, Kinds, PodGroupKind
@@ -173,16 +174,14 @@ class ApiReporter:
         self, gang: Gang, pods: Sequence[PodRequest], message: str, *, waiting: bool = False
     ) -> None:
         self._conditions(gang, pods, "Unschedulable", message)
-        if waiting:
-            # Members still being created: normal for a gang, not a scheduling failure that
-            # should stay behind as a warning once the gang runs.
-            self._gang_event(gang, pods, "Normal", "WaitingForMembers", message)
-        elif gang.min_missing > 0 and torn_core.survivors(gang):
-            # Members run and the rest of a (raised) minimum waits for room: what it waits
-            # for, under a reason of its own (not held back by an earlier FailedScheduling).
-            self._gang_event(gang, pods, "Normal", "WaitingForRoom", message)
-        else:
-            self._gang_event(gang, pods, "Warning", "FailedScheduling", message)
+        # Members still being created (WaitingForMembers), or members run and the rest of a
+        # (raised) minimum waits for room (WaitingForRoom, not held back by an earlier
+        # FailedScheduling) are normal for a gang, not a failure that should stay behind as a
+        # warning once it runs. The same rule names the reason in `kubectl shoal why` and the
+        # web view.
+        reason = why.told_reason(gang, waiting)
+        kind = "Warning" if reason == "FailedScheduling" else "Normal"
+        self._gang_event(gang, pods, kind, reason, message)
 
     def _conditions(
         self, gang: Gang | InvalidGang, pods: Sequence[PodRequest], reason: str, message: str
@@ -245,8 +244,18 @@ class ApiReporter:
         message = f"Binding to {node} failed: {error}"
         self._submit(self._pod_event, pod, "Warning", "FailedBinding", message)
 
-    def asked_to_leave(self, pod: PodRequest, gang: Gang, leave_by: float) -> None:
-        if any(member.key == pod.key for member in gang.members):
+    def asked_to_leave(self, pod: PodRequest, gang: Gang, leave_by: float, why: str = "") -> None:
+        own = any(member.key == pod.key for member in gang.members)
+        if own and why:
+            # Its node is expected to go: a surplus member moves before any notice.
+            message = (
+                f"Asked to leave by {format_time(leave_by)} (annotation "
+                f"{names.LEAVE_BY_ANNOTATION}): {why}; evicted once its worker acknowledges, "
+                "or then"
+            )
+            self._submit(self._pod_event, pod, "Warning", "Reclaimed", message)
+            return
+        if own:
             # Its own gang's maximum was lowered below its bound members (a stage change).
             message = (
                 f"Asked to leave by {format_time(leave_by)} (annotation "
@@ -260,6 +269,8 @@ class ApiReporter:
             f"Asked to leave by {format_time(leave_by)} (annotation {names.LEAVE_BY_ANNOTATION}) "
             f"to make room for gang {gang.key} (priority {gang.priority}); evicted then"
         )
+        if why:
+            message = f"{message}. Why this pod: {why}"
         self._submit(self._pod_event, pod, "Warning", "Reclaimed", message)
         ref = gang_of(pod, self._kinds)[1]
         if ref is not None:

@@ -2,7 +2,11 @@
 
 The loop hands over references only (:meth:`Feed.observe`: the snapshot and the gangs it has
 just built, once per cycle) and the reporter's calls are copied into small bounded records
-(:class:`Tee`), so the loop pays a lock and an assignment. The document is built later, off the
+(:class:`Tee`), so the loop pays a lock and an assignment. At most every
+:data:`BOUNDS_EVERY` seconds it also compares each gang's bounds with the ones it had the
+time before (:func:`state.bound_changes`), so that each gang's bound changes are kept whether or
+not a page is open: a cost per gang (about 0.2 µs), paid at most twice a second rather than
+every cycle; a change undone within that time is not kept. The document is built later, off the
 loop, by whoever asks (:meth:`Feed.document`, the server's publisher at most every
 ``--web-view`` interval), from the newest references.
 """
@@ -15,15 +19,20 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from scheduler import torn as torn_core
 from scheduler.cache.cache import Snapshot
+from scheduler.gang import why
 from scheduler.gang.group_status import GroupStatus
 from scheduler.model import Gang, GangKey, InvalidGang, NodeName, PodGroup, PodRequest
 from scheduler.runner import Reporter
 from scheduler.web import state
 from scheduler.web.state import Entry, Reason
 
-#: Reasons kept for gangs the loop no longer reports (bounded; the oldest go first).
+#: Reasons kept for gangs the loop no longer reports (bounded; the oldest go first); as many
+#: gangs' bound changes.
 MAX_REASONS = 10_000
+#: How often (seconds of the loop's ``now``) the gangs' bounds are compared.
+BOUNDS_EVERY = 0.5
 
 
 class Feed:
@@ -34,6 +43,11 @@ class Feed:
         self._latest: tuple[Snapshot, list[Gang], list[InvalidGang], float] | None = None
         self._reasons: dict[GangKey, Reason] = {}
         self._timeline: deque[Entry] = deque(maxlen=state.TIMELINE_LENGTH)
+        # Only the loop (``observe``) reads and replaces these: each gang's bounds when last
+        # compared, and when that was.
+        self._bounds: dict[GangKey, state.Bounds] = {}
+        self._bounds_at = -float("inf")
+        self._bound_history: dict[GangKey, deque[Entry]] = {}
         #: Grows with every change; the publisher builds a document only when it moved.
         self.version = 0
         # Only the builder (one caller at a time: the server's publisher) reads these.
@@ -44,15 +58,34 @@ class Feed:
     def observe(
         self, snapshot: Snapshot, gangs: list[Gang], invalid: list[InvalidGang], now: float
     ) -> None:
+        """From the loop only, once per cycle."""
+        changed: list[Entry] = []
+        if now - self._bounds_at >= BOUNDS_EVERY:
+            self._bounds_at = now
+            self._bounds, changed = state.bound_changes(self._bounds, gangs, now)
         with self._lock:
             self._latest = (snapshot, gangs, invalid, now)
+            for entry in changed:
+                self._bound_change(entry)
             self.version += 1
 
-    def reason(self, gang: GangKey, message: str, waiting: bool) -> None:
+    def _bound_change(self, entry: Entry) -> None:
+        assert entry.gang is not None
+        gang = GangKey(entry.gang)
+        kept = self._bound_history.pop(gang, None)  # re-inserted: the newest last
+        if kept is None:
+            if len(self._bound_history) >= MAX_REASONS:
+                self._bound_history.pop(next(iter(self._bound_history)))
+            kept = deque(maxlen=state.BOUND_CHANGES)
+        kept.append(entry)
+        self._bound_history[gang] = kept
+        self._timeline.append(Entry(entry.at, "bounds", f"{gang} {entry.text}", gang=gang))
+
+    def reason(self, gang: GangKey, message: str, waiting: bool, code: str = "") -> None:
         with self._lock:
             if len(self._reasons) >= MAX_REASONS:
                 self._reasons.pop(next(iter(self._reasons)))
-            self._reasons[gang] = Reason(message, waiting, self._clock())
+            self._reasons[gang] = Reason(message, waiting, self._clock(), code)
             self.version += 1
 
     def record(self, kind: str, text: str, **where: str | None) -> None:
@@ -67,6 +100,7 @@ class Feed:
         with self._lock:
             latest = self._latest
             reasons = dict(self._reasons)
+            history = {k: tuple(v) for k, v in self._bound_history.items()}
         if latest is None:
             return None
         snapshot, gangs, invalid, now = latest
@@ -87,6 +121,7 @@ class Feed:
             timeline=timeline,
             now=now,
             memo=self._memo,
+            bound_history=history,
         )
 
 
@@ -101,7 +136,7 @@ class Tee:
         self, gang: Gang, pods: Sequence[PodRequest], message: str, *, waiting: bool = False
     ) -> None:
         self.inner.unschedulable(gang, pods, message, waiting=waiting)
-        self.feed.reason(gang.key, message, waiting)
+        self.feed.reason(gang.key, message, waiting, why.told_reason(gang, waiting))
 
     def scheduled(self, gang: Gang, pod: PodRequest, node: NodeName) -> None:
         self.inner.scheduled(gang, pod, node)
@@ -112,8 +147,8 @@ class Tee:
     def bind_failed(self, pod: PodRequest, node: NodeName, error: str) -> None:
         self.inner.bind_failed(pod, node, error)
 
-    def asked_to_leave(self, pod: PodRequest, gang: Gang, leave_by: float) -> None:
-        self.inner.asked_to_leave(pod, gang, leave_by)
+    def asked_to_leave(self, pod: PodRequest, gang: Gang, leave_by: float, why: str = "") -> None:
+        self.inner.asked_to_leave(pod, gang, leave_by, why)
         self.feed.record(
             "reclaim",
             f"{pod.key} on {pod.node} asked to leave for {gang.key}",
@@ -136,6 +171,10 @@ class Tee:
 
     def torn(self, gang: Gang, release_at: float) -> None:
         self.inner.torn(gang, release_at)
+        message = torn_core.below_minimum_message(
+            gang.name, torn_core.Shortfall.of(gang), release_at
+        )
+        self.feed.reason(gang.key, message, False, "GangBelowMinimum")
         self.feed.record("torn", f"{gang.key} below its minimum with members bound", gang=gang.key)
 
     def released(self, gang: Gang, since: float, leave_by: float) -> None:

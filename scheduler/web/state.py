@@ -8,6 +8,7 @@ names are the page's contract (``scheduler/web/static/app.js``); docs/web-view.m
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,11 +16,17 @@ from typing import Any
 from contracts import names
 from scheduler.cache.cache import Snapshot
 from scheduler.cycle import has_work, min_waiting, torn
+from scheduler.gang import why
 from scheduler.model import Gang, GangKey, InvalidGang, Node, PodKey, PodRequest
 from scheduler.queue import order_key
 
 #: How many timeline entries the page gets (newest last).
 TIMELINE_LENGTH = 200
+#: How many changes of its bounds the page shows for each gang (newest last).
+BOUND_CHANGES = 20
+
+#: A gang's ``(minimum, maximum)``.
+Bounds = tuple[int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,11 +54,45 @@ class Entry:
 
 @dataclass(frozen=True, slots=True)
 class Reason:
-    """The last thing the reporter said about a gang that could not be placed."""
+    """The last thing the reporter said about a gang that could not be placed; ``code`` is the
+    reason of the Event it wrote (``WaitingForRoom``, ``GangBelowMinimum``...; empty: the one
+    :func:`scheduler.gang.why.told_reason` gives)."""
 
     message: str
     waiting: bool
     at: float
+    code: str = ""
+
+
+def clock(at: float) -> str:
+    """``HH:MM:SS`` (UTC), as the page shows times."""
+    return time.strftime("%H:%M:%S", time.gmtime(at))
+
+
+def _bounds_text(old: Bounds, new: Bounds) -> str:
+    parts = [
+        f"{which} {was} -> {now}"
+        for which, was, now in (("min", old[0], new[0]), ("max", old[1], new[1]))
+        if was != now
+    ]
+    return ", ".join(parts)
+
+
+def bound_changes(
+    before: Mapping[GangKey, Bounds], gangs: Iterable[Gang], now: float
+) -> tuple[dict[GangKey, Bounds], list[Entry]]:
+    """Each gang's bounds now, and a ``bounds`` entry for each gang seen before whose minimum
+    or maximum changed (a stage change: ``max 4 -> 2``); a gang seen for the first time has
+    none."""
+    after = {gang.key: (gang.min_member, gang.max_member) for gang in gangs}
+    if after == before:  # the common case, compared in C
+        return after, []
+    found = [
+        Entry(now, "bounds", _bounds_text(old, new), gang=key)
+        for key, new in after.items()
+        if (old := before.get(key)) is not None and old != new
+    ]
+    return after, found
 
 
 def revoking(node: Node) -> str | None:
@@ -179,7 +220,26 @@ def phase(gang: Gang, reason: Reason | None) -> str:
     return "Admitted"
 
 
-def _gang(gang: Gang, reason: Reason | None, queued: int | None) -> dict[str, Any]:
+def _said(gang: Gang, phase_: str, reason: Reason | None) -> tuple[str, str] | None:
+    """What the scheduler last told about ``gang``, as ``kubectl shoal why`` reads it from the
+    Events: for a torn gang only that it is below its minimum or waits for room."""
+    if reason is None or phase_ == "Admitted":
+        return None
+    code = reason.code or why.told_reason(gang, reason.waiting)
+    if phase_ == "Torn" and code not in ("GangBelowMinimum", "WaitingForRoom"):
+        return None
+    return code, reason.message
+
+
+def _gang(
+    gang: Gang,
+    reason: Reason | None,
+    queued: int | None,
+    victims: Sequence[PodRequest],
+    changes: Sequence[Entry],
+) -> dict[str, Any]:
+    stands = why.phase(gang, bool(victims))
+    code, text = why.reason(gang, stands, victims, _said(gang, stands, reason))
     return {
         "key": gang.key,
         "namespace": gang.namespace,
@@ -194,6 +254,19 @@ def _gang(gang: Gang, reason: Reason | None, queued: int | None) -> dict[str, An
         "phase": phase(gang, reason),
         "queue": queued,
         "reason": reason.message if reason is not None and has_work(gang) else None,
+        "reasonCode": code,
+        # The sentence `kubectl shoal why` prints for the gang (its bounds, what it waits for).
+        "why": why.decision(
+            gang,
+            stands,
+            bound=sum(1 for p in gang.members if p.node is not None),
+            code=code,
+            text=text,
+            victims=victims,
+        ),
+        "boundChanges": [
+            {"at": e.at, "text": f"{e.text} at {clock(e.at)}"} for e in changes[-BOUND_CHANGES:]
+        ],
     }
 
 
@@ -239,16 +312,23 @@ def document(
     timeline: Iterable[Entry],
     now: float,
     memo: NodeMemo | None = None,
+    bound_history: Mapping[GangKey, Sequence[Entry]] | None = None,
 ) -> dict[str, Any]:
     """Everything the page shows, as JSON-ready values (nodes sorted by rack, then name);
-    ``memo`` keeps node entries from one document to the next (they must not be changed)."""
+    ``memo`` keeps node entries from one document to the next (they must not be changed);
+    ``bound_history`` is each gang's ``bounds`` entries, oldest first."""
     gangs = list(gangs)
     memo = memo or NodeMemo()
+    history = bound_history or {}
     gang_of: dict[PodKey, GangKey] = {p.key: g.key for g in gangs for p in g.members}
     on_node: dict[str, list[PodRequest]] = {}
+    victims: dict[str, list[PodRequest]] = {}
     for pod in snapshot.pods.values():
         if pod.holds_resources and pod.node is not None:
             on_node.setdefault(pod.node, []).append(pod)
+        target = pod.annotations.get(names.RECLAIMED_FOR_ANNOTATION)
+        if target is not None:
+            victims.setdefault(target, []).append(pod)
     nodes = [
         memo.entry(state.node, on_node.get(name, ()), state.free.gpu, gang_of)
         for name, state in snapshot.nodes.items()
@@ -263,7 +343,16 @@ def document(
         "scheduler": scheduler,
         "now": now,
         "nodes": nodes,
-        "gangs": [_gang(g, reasons.get(g.key), position.get(g.key)) for g in shown],
+        "gangs": [
+            _gang(
+                g,
+                reasons.get(g.key),
+                position.get(g.key),
+                why.reclaimed_for(g.key, victims.get(g.key, ())),
+                history.get(g.key, ()),
+            )
+            for g in shown
+        ],
         "invalid": [
             {"key": bad.key, "name": bad.name, "reason": bad.reason, "message": bad.message}
             for bad in sorted(invalid, key=lambda b: b.key)

@@ -106,6 +106,39 @@ def gpu_nodes(devcluster: Devcluster) -> list[str]:
     return nodes.create(devcluster.kubeconfig, spec)
 
 
+def token_kubeconfig(devcluster: Devcluster, namespace: str, account: str, path: Path) -> str:
+    """A kubeconfig at ``path`` with a fresh token of the ServiceAccount ``account`` (what a pod
+    of that account would get as its projected token), context namespace ``namespace``."""
+    core = devcluster.core()
+    request = client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
+    )
+    token = core.create_namespaced_service_account_token(account, namespace, request)
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "dev",
+                "cluster": {
+                    "server": devcluster.handle.server,
+                    "certificate-authority": str(devcluster.handle.ca_cert),
+                },
+            }
+        ],
+        "users": [{"name": account, "user": {"token": token.status.token}}],
+        "contexts": [
+            {
+                "name": account,
+                "context": {"cluster": "dev", "user": account, "namespace": namespace},
+            }
+        ],
+        "current-context": account,
+    }
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
 @contextlib.contextmanager
 def account_kubeconfig(
     devcluster: Devcluster,
@@ -135,33 +168,7 @@ def account_kubeconfig(
         }
     )
     try:
-        request = client.AuthenticationV1TokenRequest(
-            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
-        )
-        token = core.create_namespaced_service_account_token(account, namespace, request)
-        doc = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {
-                    "name": "dev",
-                    "cluster": {
-                        "server": devcluster.handle.server,
-                        "certificate-authority": str(devcluster.handle.ca_cert),
-                    },
-                }
-            ],
-            "users": [{"name": account, "user": {"token": token.status.token}}],
-            "contexts": [
-                {
-                    "name": account,
-                    "context": {"cluster": "dev", "user": account, "namespace": namespace},
-                }
-            ],
-            "current-context": account,
-        }
-        path.write_text(json.dumps(doc))
-        yield str(path)
+        yield token_kubeconfig(devcluster, namespace, account, path)
     finally:
         rbac.delete_cluster_role_binding(role)
         rbac.delete_cluster_role(role)

@@ -119,14 +119,25 @@ NOT_SHIPPED = ("tests", "fakes", "devcluster", "demo", "bench", "pip", "setuptoo
 def _podman_run(
     name: str, options: list[str], command: list[str]
 ) -> subprocess.CompletedProcess[str]:
-    """``podman run --rm --read-only OPTIONS oci-archive:build/shoal-NAME.oci.tar COMMAND``."""
+    """``podman run --rm --read-only --network none OPTIONS oci-archive:build/shoal-NAME.oci.tar
+    COMMAND``. No network: the checks need none."""
     archive = ROOT / "build" / f"shoal-{name}.oci.tar"
     if not archive.exists():
         pytest.skip(f"{archive.relative_to(ROOT)} is not built (`make images` builds it)")
     if not shutil.which("podman"):
         pytest.skip("podman is not installed (`make images` installs it)")
     return subprocess.run(
-        ["podman", "run", "--rm", "--read-only", *options, f"oci-archive:{archive}", *command],
+        [
+            "podman",
+            "run",
+            "--rm",
+            "--read-only",
+            "--network",
+            "none",
+            *options,
+            f"oci-archive:{archive}",
+            *command,
+        ],
         env=images.podman_env(),
         capture_output=True,
         text=True,

@@ -41,7 +41,7 @@ def test_the_wheel_holds_the_product_and_no_tooling(tmp_path: Path) -> None:
     assert [f for f in files if f.startswith(TOOLING)] == []
     # The protocol's generated code has one home, the worker distribution, at its version.
     assert [f for f in files if "_pb2" in f and "notices" in f] == []
-    assert "shoal-worker==0.1.0" in requires(wheel)
+    assert "shoal-worker==0.3.0" in requires(wheel)
     # The web view's page is package data, served by the scheduler itself.
     for name in ("index.html", "app.js", "app.css"):
         assert f"scheduler/web/static/{name}" in files

@@ -23,7 +23,7 @@ from urllib3.exceptions import HTTPError
 from common.kubeevents import EventSource, event_body
 from common.listwatch import WatchError, decode
 from contracts import names
-from nodeagent.adapters.calls import Change, PodChange, WatchExpired
+from nodeagent.adapters.calls import WatchExpired
 from nodeagent.adapters.k8s.transport import Stream, Transport, connect
 from nodeagent.core.events import (
     EventId,
@@ -38,6 +38,7 @@ from nodeagent.core.events import (
     parse_rfc3339,
     rfc3339,
 )
+from nodeagent.core.ports import Change, PodChange
 
 #: Told of each answer: when the request was sent and its answer received (the local clock,
 #: seconds since the epoch) and the answer's ``Date`` header (see :mod:`nodeagent.wiring.clock`).
@@ -258,7 +259,7 @@ def pod_event(raw: dict[str, Any]) -> PodEvent:
 @dataclass(slots=True)
 class ListWatch(Generic[T]):
     """The objects at ``path`` under the field selector ``selector``, listed then watched (a
-    :class:`nodeagent.adapters.calls.Feed`): this node's pods, the Node itself, the Events of a
+    :class:`nodeagent.core.ports.Feed`): this node's pods, the Node itself, the Events of a
     reason.
     ``finished`` objects are left out of a list and gone from a watch."""
 
@@ -281,7 +282,7 @@ class ListWatch(Generic[T]):
         return [self.parse(o) for o in items if not self.finished(o)], version
 
     def watch(self, version: str, timeout: int) -> Iterator[Change[T]]:
-        """Each change after ``version`` (see :class:`nodeagent.adapters.calls.Feed`). The server
+        """Each change after ``version`` (see :class:`nodeagent.core.ports.Feed`). The server
         ends
         the watch after ``timeout`` seconds; a read that waits :data:`WATCH_MARGIN` seconds
         longer (a silent, half-open connection) raises."""
@@ -581,6 +582,13 @@ class Cluster:
             dry_run=self.dry_run,
         )
         return True
+
+    def annotate_progress(self, pod: Pod, text: str) -> bool:
+        """``shoal.dev/progress`` (the worker's newest report, :mod:`contracts.progress`); no
+        Event. False when the pod is gone."""
+        namespace, name = pod.key.split("/", 1)
+        body = {"metadata": {"uid": pod.uid, "annotations": {names.PROGRESS_ANNOTATION: text}}}
+        return self._patch_pod(name, namespace, body)
 
     def warn_pod(self, pod: Pod, reason: str, message: str) -> None:
         """A Warning Event on the pod; a failure is logged, never raised."""

@@ -1,7 +1,9 @@
-"""Cloud revocation monitors: one module per cloud behind the :class:`Provider` protocol.
+"""Cloud revocation monitors: one module per cloud behind the
+:class:`~nodeagent.core.ports.Provider` protocol.
 
 A provider reads its cloud's metadata server and reports *complete* observations of each of its
-channels (``aws/spot``, ``gcp/preempted``, ...) to a :class:`Sink`; failures are reported too and
+channels (``aws/spot``, ``gcp/preempted``, ...) to a :class:`~nodeagent.core.ports.Sink`
+(failing with a :class:`~nodeagent.core.ports.ProviderError`); failures are reported too and
 never end the watch. Deduplication and withdrawal are the store's job, not the provider's: a
 provider only has to derive a stable event id from what the cloud says.
 """
@@ -10,9 +12,6 @@ from nodeagent.adapters.providers.base import (
     BadBody,
     BadStatus,
     HttpSettings,
-    Provider,
-    ProviderError,
-    Sink,
     TooLarge,
     Unreachable,
 )
@@ -21,9 +20,6 @@ __all__ = [
     "BadBody",
     "BadStatus",
     "HttpSettings",
-    "Provider",
-    "ProviderError",
-    "Sink",
     "TooLarge",
     "Unreachable",
 ]

@@ -15,7 +15,6 @@ from nodeagent.adapters.providers.base import (
     Clock,
     Http,
     HttpSettings,
-    Sink,
     bounded,
     poll_forever,
     report,
@@ -29,6 +28,7 @@ from nodeagent.adapters.providers.common import (
     unexpected,
 )
 from nodeagent.core.events import EventId, Kind, Notice
+from nodeagent.core.ports import Sink
 
 DEFAULT_URL = "http://100.100.100.200"
 WHERE = "instance/spot/termination-time"

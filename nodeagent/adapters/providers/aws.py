@@ -31,7 +31,6 @@ from nodeagent.adapters.providers.base import (
     Clock,
     Http,
     HttpSettings,
-    Sink,
     bounded,
     poll_forever,
     report,
@@ -45,6 +44,7 @@ from nodeagent.adapters.providers.common import (
     unexpected,
 )
 from nodeagent.core.events import EventId, Kind, Notice
+from nodeagent.core.ports import Sink
 
 DEFAULT_URL = "http://169.254.169.254"
 SPOT_LEAD = timedelta(minutes=2)

@@ -21,14 +21,13 @@ from nodeagent.adapters.providers.base import (
     Clock,
     Http,
     HttpSettings,
-    ProviderError,
-    Sink,
     poll_forever,
     report,
     wall_clock,
 )
 from nodeagent.adapters.providers.common import http_date_field, json_body, plain_body, unexpected
 from nodeagent.core.events import EventId, Kind, Notice
+from nodeagent.core.ports import ProviderError, Sink
 
 log = structlog.get_logger("nodeagent.adapters.providers.azure")
 

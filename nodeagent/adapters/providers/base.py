@@ -1,4 +1,6 @@
-"""The provider protocol, its error tree, and the HTTP and polling plumbing they share.
+"""The providers' error tree (its root, :class:`~nodeagent.core.ports.ProviderError`, and the
+:class:`~nodeagent.core.ports.Provider` protocol are in the core's ports), and the HTTP and
+polling plumbing they share.
 
 Errors: every fault a metadata server can produce becomes a :class:`ProviderError` (with the
 original exception chained), is reported to the :class:`Sink` and counted, and the watch goes
@@ -13,13 +15,13 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import ClassVar, Protocol
 
 import aiohttp
 import structlog
 from multidict import CIMultiDict
 
 from nodeagent.core.events import Notice
+from nodeagent.core.ports import ProviderError, Sink
 
 log = structlog.get_logger("nodeagent.adapters.providers")
 
@@ -28,12 +30,6 @@ Clock = Callable[[], datetime]
 
 def wall_clock() -> datetime:
     return datetime.now(UTC)
-
-
-class ProviderError(Exception):
-    """A metadata read failed; ``kind`` labels the metric."""
-
-    kind: ClassVar[str] = "error"
 
 
 class Unreachable(ProviderError):
@@ -62,37 +58,6 @@ class TooLarge(BadBody):
     """The body is larger than any real answer could be; it is not read to the end."""
 
     kind = "too-large"
-
-
-class Sink(Protocol):
-    """Where providers report. Both calls must be cheap and must not raise."""
-
-    def observed(self, channel: str, notices: Sequence[Notice]) -> None:
-        """A complete, successful read of ``channel``: exactly these notices are live."""
-
-    def failed(self, channel: str, error: ProviderError) -> None:
-        """A read of ``channel`` failed; what was live before is still live."""
-
-
-class Provider(Protocol):
-    """One cloud's revocation monitor."""
-
-    name: str
-
-    async def watch(self, sink: Sink) -> None:
-        """Read the metadata server until cancelled; never raises anything else."""
-
-    def stale_after(self) -> float:
-        """Seconds without a successful read after which the metadata counts as unreachable."""
-
-    async def acknowledge(self, notice: Notice) -> None:
-        """Tell the cloud it may go ahead (no-op where the cloud has no such call).
-
-        Raises :class:`ProviderError` when the cloud did not take the acknowledgement.
-        """
-
-    async def aclose(self) -> None:
-        """Release connections."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,13 +25,13 @@ from nodeagent.adapters.providers.base import (
     Clock,
     Http,
     HttpSettings,
-    Sink,
     next_wait,
     report,
     wall_clock,
 )
 from nodeagent.adapters.providers.common import plain_body, unexpected
 from nodeagent.core.events import EventId, Kind, Notice
+from nodeagent.core.ports import Sink
 
 PATH = "/computeMetadata/v1"
 DEFAULT_URL = "http://metadata.google.internal" + PATH

@@ -27,18 +27,17 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Final, TypeVar
 
-from nodeagent.adapters.calls import Feed
 from nodeagent.adapters.follow import Mirror, WatchSettings
 from nodeagent.adapters.providers.base import (
     Clock,
     HttpSettings,
-    Sink,
     Unreachable,
     poll_forever,
     report,
     wall_clock,
 )
 from nodeagent.core.events import EventId, Kind, NodeTaints, Notice, Pod, PodEvent, PodUid
+from nodeagent.core.ports import Feed, Sink
 
 DEFAULT_TAINTS: Final = (
     "ToBeDeletedByClusterAutoscaler",

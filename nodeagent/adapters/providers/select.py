@@ -18,12 +18,10 @@ from nodeagent.adapters.providers.base import (
     DateProbe,
     Http,
     HttpSettings,
-    Provider,
-    ProviderError,
-    Sink,
     wall_clock,
 )
 from nodeagent.core.events import Notice
+from nodeagent.core.ports import Provider, ProviderError, Sink
 
 log = structlog.get_logger("nodeagent.adapters.providers")
 

@@ -1,6 +1,7 @@
 """A pod that more than one gang source claims (a ``scheduling.x-k8s.io/pod-group`` label and a
-Volcano ``scheduling.k8s.io/group-name`` annotation, say): which gang it belongs to is not
-guessed. It is a gang of its own that is never valid, so it waits with an Event and a
+Volcano ``scheduling.k8s.io/group-name`` annotation, say, or Kueue's
+``kueue.x-k8s.io/pod-group-name`` and Shoal's ``shoal.dev/gang``): which gang it belongs to is
+not guessed. It is a gang of its own that is never valid, so it waits with an Event and a
 ``PodScheduled=False`` condition naming the claims, and never runs as a gang of one."""
 
 from __future__ import annotations

@@ -125,7 +125,13 @@ function renderGangs(doc) {
     row.appendChild(el("td", "max", gang.max));
     row.appendChild(el("td", "pending", gang.pending));
     row.appendChild(el("td", "priority", gang.priority));
-    row.appendChild(el("td", "reason", gang.reason || ""));
+    // What `kubectl shoal why` prints: its bounds and what it waits for.
+    row.appendChild(el("td", "why", gang.why || ""));
+    const changes = el("td", "bounds");
+    const list = el("ul");
+    for (const change of gang.boundChanges || []) list.appendChild(el("li", null, change.text));
+    changes.appendChild(list);
+    row.appendChild(changes);
     rows.push(row);
   }
   document.querySelector("#gangs tbody").replaceChildren(...rows);

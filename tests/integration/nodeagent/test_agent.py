@@ -144,8 +144,11 @@ def test_notice_reaches_node_pods_and_workers_and_the_ack_evicts(scene: Scene) -
             return (pod.metadata.annotations or {}).get(names.LEAVE_BY_ANNOTATION)
 
         assert parse_rfc3339(eventually(annotated, what="leave-by")) == heard.leave_by
-        assert events(scene.core, scene.namespace, "trainer-0", "LeaveBy")
-        assert events(scene.core, "default", scene.node, "Revoking")
+        # The Events are written after the annotation and the taint: wait for them, too.
+        eventually(
+            lambda: events(scene.core, scene.namespace, "trainer-0", "LeaveBy"), what="LeaveBy"
+        )
+        eventually(lambda: events(scene.core, "default", scene.node, "Revoking"), what="Revoking")
 
         assert worker.acknowledge(1200) == "accepted"
         evicted = eventually(
@@ -165,7 +168,10 @@ def test_notice_reaches_node_pods_and_workers_and_the_ack_evicts(scene: Scene) -
     scene.cloud.withdraw()
     eventually(lambda: taint(scene.node_object()) is None, what="the taint to be lifted")
     assert revocation(scene.node_object()) is None
-    assert events(scene.core, "default", scene.node, "RevocationWithdrawn")
+    eventually(
+        lambda: events(scene.core, "default", scene.node, "RevocationWithdrawn"),
+        what="RevocationWithdrawn",
+    )
 
 
 @pytest.fixture
@@ -189,6 +195,10 @@ def test_restart_mid_notice_loses_nothing_and_repeats_nothing(aws_scene: Scene) 
 
     eventually(annotated, what="the pod's leave-by annotation")
     eventually(lambda: revocation(scene.node_object()), what="the node's revocation annotation")
+    # The Events are written after the annotations: the kill comes once all of the first agent's
+    # writes are in, so that a second LeaveBy or Revoking could only come from the restart.
+    eventually(lambda: events(scene.core, scene.namespace, "trainer-0", "LeaveBy"), what="LeaveBy")
+    eventually(lambda: events(scene.core, "default", scene.node, "Revoking"), what="Revoking")
     before = revocation(scene.node_object())
     scene.agent.kill()
     scene.agent.start()
@@ -748,7 +758,9 @@ def test_the_agent_works_with_a_token_and_only_its_documented_rbac(
         finally:
             worker.close()
         assert taint(scene.node_object()) is not None
-        assert events(scene.core, scene.namespace, "trainer-0", "LeaveBy")
+        eventually(
+            lambda: events(scene.core, scene.namespace, "trainer-0", "LeaveBy"), what="LeaveBy"
+        )
         refused = [
             line
             for line in scene.agent.log_lines()

@@ -78,6 +78,12 @@ def _mounts() -> set[str]:
     return {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
 
 
+def _host_pod_netns() -> set[str]:
+    """Network namespaces mounted where CNI runtimes put them by default (``/run/netns/cni-*``)."""
+    folder = Path("/run/netns")
+    return {p.name for p in folder.glob("cni-*")} if folder.is_dir() else set()
+
+
 def _snapshot(run_dir: Path) -> dict[str, set[str]]:
     """What a real node could leave on the host: mounts, network namespaces and links, cgroups
     named after the run, the fixed host paths, and processes of the run."""
@@ -136,6 +142,7 @@ def test_down_leaves_nothing_of_a_real_node_behind(bin_dir: Path, tmp_path: Path
     earlier = '{"node": "real-0", "pods": [], "version": 1, "earlier": true}'
     stale.write_text(earlier)
     before = _snapshot(run_dir)
+    host_netns = _host_pod_netns()
     handle = cluster.up(run_dir, bin_dir, options())
     # (An agent run as a host process by another test on this machine may write its own there.)
     assert not (stale.exists() and stale.read_text() == earlier), (
@@ -150,6 +157,7 @@ def test_down_leaves_nothing_of_a_real_node_behind(bin_dir: Path, tmp_path: Path
         core.create_namespaced_pod("default", pod("left-running", host_dir))
         eventually((host_dir / "started").is_file, timeout=60, what="a pod running at down")
         during = _snapshot(run_dir)
+        pod_netns = _host_pod_netns() - host_netns
         assert during["netns"], during
         assert during["cgroups"], during
         assert during["mounts"], during
@@ -159,6 +167,9 @@ def test_down_leaves_nothing_of_a_real_node_behind(bin_dir: Path, tmp_path: Path
     assert stubborn == []
     after = _snapshot(run_dir)
     assert after == before
+    # The running pod's network namespace went with its node (once, it stayed mounted in
+    # /run/netns after every cluster stopped with pods running).
+    assert not pod_netns & _host_pod_netns(), pod_netns
     assert not (stale.exists() and stale.read_text() == earlier)
     assert not [m for m in _mounts() if m.startswith(realnode.KUBELET_ROOT)]
     assert not any(Path(m).exists() for m in during["mounts"] if str(run_dir) in m)

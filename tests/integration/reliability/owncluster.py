@@ -9,6 +9,7 @@ scheduler fixtures (``pool``, ``pods``, ``start_scheduler``) then run against it
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -108,16 +109,16 @@ class GangMaker:
 
 def check_bindings(devcluster: Devcluster, namespace: str, gpus_per_node: int) -> dict[str, str]:
     """No node holds more GPUs than it has; returns pod -> node for every bound pod."""
-    core = devcluster.core()
-    listed = core.list_namespaced_pod(namespace).items
+    # Raw JSON: the client's model classes for thousands of pods cost seconds of CPU.
+    response = devcluster.core().list_namespaced_pod(namespace, _preload_content=False)
     used: dict[str, int] = {}
     bound: dict[str, str] = {}
-    for pod in listed:
-        node = pod.spec.node_name
+    for pod in json.loads(response.data)["items"]:
+        node = pod["spec"].get("nodeName")
         if not node:
             continue
-        bound[pod.metadata.name] = node
-        limits = pod.spec.containers[0].resources.limits or {}
+        bound[pod["metadata"]["name"]] = node
+        limits = pod["spec"]["containers"][0].get("resources", {}).get("limits") or {}
         used[node] = used.get(node, 0) + int(limits.get(names.GPU_RESOURCE, "0"))
     over = {node: n for node, n in used.items() if n > gpus_per_node}
     assert not over, f"GPUs over-committed: {over}"

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import yaml
@@ -32,6 +32,12 @@ from tests.integration.scheduler.conftest import (
     ensure_priority_class,
 )
 from tests.waiting import eventually
+
+T = TypeVar("T")
+#: Seconds between two looks at the gangs while a test waits: each look is a ``python -m
+#: shoalctl`` process (an interpreter and the client's imports, about a second of CPU), so the
+#: default quarter second would keep a core busy starting them.
+PROBE_EVERY = 1.0
 
 #: The ClusterRole shipped for `kubectl shoal`: get and list, nothing more.
 VIEWER = yaml.safe_load((ROOT / "manifests" / "viewer" / "rbac.yaml").read_text())
@@ -73,6 +79,11 @@ def shoal(kubeconfig: str, *args: str, check: bool = True) -> subprocess.Complet
     if check:
         assert done.returncode == 0, done.stderr
     return done
+
+
+def until(probe: Callable[[], T | None], *, what: str) -> T:
+    """``eventually`` for a probe that runs ``kubectl shoal``."""
+    return eventually(probe, interval=PROBE_EVERY, what=what)
 
 
 def gangs_by_name(kubeconfig: str, scheduler: str) -> dict[str, dict[str, Any]]:
@@ -134,9 +145,9 @@ def test_gangs_why_and_nodes_in_every_state_with_read_only_rights(
     pods.gang("elastic", 2, gpus=8, min_member=1, max_member=2)
     on_b.gang("ready", 2, gpus=8, min_member=2)
     on_c.gang("torn", 2, gpus=4, min_member=2)
-    eventually(lambda: in_phase(kc, sched, "torn", "Admitted"), what="torn admitted")
-    eventually(lambda: in_phase(kc, sched, "ready", "Admitted"), what="ready admitted")
-    eventually(
+    until(lambda: in_phase(kc, sched, "torn", "Admitted"), what="torn admitted")
+    until(lambda: in_phase(kc, sched, "ready", "Admitted"), what="ready admitted")
+    until(
         lambda: (r := in_phase(kc, sched, "elastic", "Admitted")) and r["bound"] == 2,
         what="elastic at its maximum",
     )
@@ -145,12 +156,12 @@ def test_gangs_why_and_nodes_in_every_state_with_read_only_rights(
     on_c.delete(["torn-1"])
     pods.gang("urgent", 1, gpus=8, min_member=1, priority_class="shoal-test-high")
 
-    eventually(
+    until(
         lambda: (r := in_phase(kc, sched, "big", "Waiting")) and r["reasonCode"],
         what="big waiting with a reason",
     )
-    eventually(lambda: in_phase(kc, sched, "short", "WaitingForMembers"), what="short")
-    eventually(
+    until(lambda: in_phase(kc, sched, "short", "WaitingForMembers"), what="short")
+    until(
         lambda: (
             (r := in_phase(kc, sched, "torn", "Torn"))
             and r["reasonCode"] == "GangBelowMinimum"
@@ -158,7 +169,7 @@ def test_gangs_why_and_nodes_in_every_state_with_read_only_rights(
         ),
         what="torn reported below its minimum",
     )
-    eventually(lambda: in_phase(kc, sched, "urgent", "Reclaiming"), what="urgent reclaiming")
+    until(lambda: in_phase(kc, sched, "urgent", "Reclaiming"), what="urgent reclaiming")
     rows = gangs_by_name(kc, sched)
     by_node = {r["name"]: r for r in json.loads(shoal(kc, "nodes", "-o", "json").stdout)}
 
@@ -320,7 +331,7 @@ def test_kubectl_runs_it_as_a_plugin_and_completes_names(
 
     pods.gang("train", 2, gpus=1, min_member=3)
     start_scheduler()
-    eventually(
+    until(
         lambda: in_phase(reader_kubeconfig, pods.scheduler, "train", "WaitingForMembers"),
         what="train waiting for members",
     )
@@ -402,7 +413,7 @@ def test_gangs_of_every_source_and_the_invalid_ones(
         done = ready == ["Admitted"] * 3 and all(invalid)
         return rows if done else None
 
-    rows = eventually(settled, what="every source's gang admitted, the invalid ones reported")
+    rows = until(settled, what="every source's gang admitted, the invalid ones reported")
     got = {
         n: (r["source"], r["podGroup"], r["min"], r["bound"], r["phase"])
         for n, r in rows.items()

@@ -1,11 +1,13 @@
 """The web view in headless Chromium against a real scheduler on the devcluster: at each moment
 of a scenario (a gang admitted, a node under notice, a reclaim, the room taken) the page shows
-the expected gangs on the expected nodes, read from its DOM as it updates live; the PNGs are
+the expected gangs on the expected nodes, and a stage change (a lowered maximum) with what
+`kubectl shoal why` says and the bound change, read from its DOM as it updates live; the PNGs are
 kept under build/web-view/. Markup in what users write is shown as text, and every write is
 refused with 405."""
 
 from __future__ import annotations
 
+import re
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -171,6 +173,31 @@ def test_the_page_follows_a_scenario_live(
     )
     assert "bind" in chromium.evaluate(TIMELINE)
     chromium.screenshot(ARTEFACTS / "4-reclaimed.png")
+
+    # 5. A stage change: alpha's maximum lowered to the two members it has. The row says what
+    # `kubectl shoal why` says, and the change is kept with its time, on the row and the timeline.
+    for name in sorted(set(members) - set(on_second)):
+        devcluster.core().patch_namespaced_pod(
+            name, ns, {"metadata": {"annotations": {names.MAX_MEMBER_ANNOTATION: "2"}}}
+        )
+    alpha_row: list[str] = eventually(
+        lambda: (
+            (
+                r := chromium.evaluate(
+                    f"[...document.querySelectorAll('#gangs tr[data-gang=\"{alpha}\"] td')]"
+                    ".map(td => td.textContent)"
+                )
+            )
+            and r[9]
+            and r
+        ),
+        what="alpha's bound change in the page",
+    )
+    assert alpha_row[5] == "2"
+    assert alpha_row[8] == "Admitted: 2 of min 2 (max 2) bound."
+    assert re.fullmatch(r"max 4 -> 2 at \d\d:\d\d:\d\d", alpha_row[9]), alpha_row[9]
+    assert "bounds" in chromium.evaluate(TIMELINE)
+    chromium.screenshot(ARTEFACTS / "5-bounds.png")
 
     # Read-only: every write, on every path, is refused, and the page still shows the same.
     for path in ("/", "/state", "/events", "/app.js", "/anything"):

@@ -309,7 +309,10 @@ def test_a_notice_shorter_than_the_checkpoint_is_told_and_the_job_still_stops_at
         log.read_text(),
     )
     assert said is not None, log.read_text()[-2000:]
-    assert int(said.group(1)) <= int(given.group(1))
+    # The worker counts from when it heard, the agent from when it told (the same moment, give
+    # or take the loop's turn); each rounds down to whole seconds, so one may be a second above.
+    # (The agent once counted from after its annotation write, under load seconds later.)
+    assert int(said.group(1)) <= int(given.group(1)) + 1
     # The pods not under notice were not warned.
     assert [e.metadata.name for e in warnings()] == [event.metadata.name]
 

@@ -26,3 +26,7 @@ def test_tool_is_pinned_by_its_committed_go_mod_and_go_sum(name: str) -> None:
 
 def test_training_operator_is_the_release_its_tests_are_written_for() -> None:
     assert tools.version(tools.TOOLS["training-operator"]) == "v1.8.1"
+
+
+def test_kueue_is_the_release_its_tests_are_written_for() -> None:
+    assert tools.version(tools.TOOLS["kueue"]) == "v0.17.0"

@@ -15,13 +15,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contracts.times import EARLIEST, LATEST
-from nodeagent.adapters.providers import ProviderError
 from nodeagent.adapters.providers.alibaba import AlibabaProvider
 from nodeagent.adapters.providers.aws import AwsProvider
 from nodeagent.adapters.providers.azure import AzureProvider
 from nodeagent.adapters.providers.base import Response
 from nodeagent.adapters.providers.gcp import GcpProvider
 from nodeagent.core.events import Notice
+from nodeagent.core.ports import ProviderError
 from nodeagent.core.store import Store
 from tests.unit.fuzz.cases import Cases, json_values, mutate, said, search, times
 

@@ -13,7 +13,7 @@ import sys
 
 import structlog
 
-from nodeagent import podresources
+from nodeagent.adapters import podresources
 from nodeagent.adapters.gpu.monitor import GpuOptions
 from nodeagent.adapters.providers import HttpSettings
 from nodeagent.adapters.providers.aws import AwsProvider

@@ -66,6 +66,8 @@ class Cluster:
         self.evicted: list[tuple[str, str]] = []
         self.deleted: list[str] = []
         self.warned: list[tuple[str, str, str]] = []
+        #: Each shoal.dev/progress written: (pod, the document).
+        self.progress: list[tuple[str, str]] = []
 
     def read_revocation(self) -> list[Tracked]:
         return []
@@ -76,6 +78,10 @@ class Cluster:
 
     def sync_node(self, tracked: Sequence[Tracked]) -> None: ...
     def annotate_pod(self, pod: Pod, notice: Notice) -> bool:
+        return True
+
+    def annotate_progress(self, pod: Pod, text: str) -> bool:
+        self.progress.append((pod.key, text))
         return True
 
     def warn_pod(self, pod: Pod, reason: str, message: str) -> None:

@@ -1,4 +1,4 @@
-"""A scripted stand-in for a list-then-watch feed (:class:`nodeagent.adapters.calls.Feed`): lists
+"""A scripted stand-in for a list-then-watch feed (:class:`nodeagent.core.ports.Feed`): lists
 answer
 what the test put in ``listed``; each watch plays the steps the test queues until one ends it."""
 
@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-from nodeagent.adapters.calls import Change
+from nodeagent.core.ports import Change
 
 T = TypeVar("T")
 

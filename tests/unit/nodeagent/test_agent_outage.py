@@ -59,6 +59,11 @@ class HangingCluster:
         self.writes.append(("annotate", pod.key))
         return True
 
+    def annotate_progress(self, pod: Pod, text: str) -> bool:
+        self._answer()
+        self.writes.append(("progress", pod.key))
+        return True
+
     def warn_pod(self, pod: Pod, reason: str, message: str) -> None:
         self._answer()
         self.writes.append(("warn", pod.key))
@@ -204,4 +209,4 @@ async def test_the_agent_stops_when_told_to_as_its_reconcile_loop_is_woken() -> 
     agent.reconciler.wake()  # a notice, an ack or a write's result, as SIGTERM arrives
     async with asyncio.timeout(5):
         await agent.stop()
-    assert agent.guard.dead() == ["pods", "reconcile"]
+    assert agent.guard.dead() == ["pods", "reconcile", "progress"]

@@ -11,20 +11,20 @@ import pytest
 from nodeagent.adapters.k8s.cluster import Cluster
 from nodeagent.adapters.k8s.transport import Answer
 from nodeagent.core.events import EvictPod
-from nodeagent.core.store import Store
-from nodeagent.wiring.clock import (
+from nodeagent.core.skew import (
     APISERVER,
     METADATA,
-    ClockCheck,
     Estimator,
     Offset,
     Sample,
+    SkewWarnings,
     Warned,
-    injected_offset,
     parse_date,
     skew_message,
     warning_due,
 )
+from nodeagent.core.store import Store
+from nodeagent.wiring.clock import ClockCheck, injected_offset
 from tests.unit.nodeagent.test_store import notice, pod, run
 
 pytestmark = pytest.mark.reliability
@@ -119,6 +119,18 @@ def test_a_skew_is_warned_about_beyond_the_threshold_and_not_again_soon() -> Non
     assert warning_due(Offset(-200.5, -199.5, 1), 5.0, last, now=60.0, every=600.0)
     message = skew_message(APISERVER, skewed, 5.0)
     assert message.startswith("This node's clock is 90.0 s (± 0.4 s) ahead of the API server's")
+
+
+def test_each_reference_is_warned_about_once_per_period_unless_it_moves() -> None:
+    warnings = SkewWarnings(threshold=5.0, every=600.0)
+    skewed = Offset(low=-90.4, high=-89.6, samples=3)
+    assert warnings.due(APISERVER, skewed, now=0.0)
+    assert not warnings.due(APISERVER, skewed, now=60.0)  # warned a minute ago
+    assert warnings.due(METADATA, skewed, now=60.0)  # each reference on its own
+    assert warnings.due(APISERVER, Offset(-200.5, -199.5, 1), now=61.0)  # moved by 110 s
+    assert not warnings.due(APISERVER, Offset(-200.5, -199.5, 1), now=120.0)
+    assert warnings.due(APISERVER, Offset(-200.5, -199.5, 1), now=661.0)
+    assert not warnings.due(APISERVER, Offset(-1.0, 1.0, 1), now=5000.0)  # within the threshold
 
 
 def test_the_test_hook_reads_seconds_or_nothing() -> None:

@@ -41,6 +41,9 @@ class Cluster:
     def annotate_pod(self, pod: Pod, notice: Notice) -> bool:
         return True
 
+    def annotate_progress(self, pod: Pod, text: str) -> bool:
+        return True
+
     def warn_pod(self, pod: Pod, reason: str, message: str) -> None:
         return None
 

@@ -2,7 +2,7 @@
 Event of a configured reason about one of this node's pods, or a configured condition on one of
 them, is a notice as soon as a watch sees it, and nothing is lost when the watch breaks (it
 resumes from its version, or lists again on ``410 Gone`` and finds what appeared meanwhile).
-The feeds are scripted stand-ins for the port (:class:`nodeagent.adapters.calls.Feed`); the real
+The feeds are scripted stand-ins for the port (:class:`nodeagent.core.ports.Feed`); the real
 ones
 are tested against the devcluster's API server (tests/integration/nodeagent/test_agent.py,
 tests/integration/reliability/test_api_server.py)."""
@@ -13,12 +13,12 @@ import asyncio
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from nodeagent.adapters.calls import Change, WatchExpired
+from nodeagent.adapters.calls import WatchExpired
 from nodeagent.adapters.follow import WatchSettings
 from nodeagent.adapters.k8s import Cluster, ConditionRule
-from nodeagent.adapters.providers.base import ProviderError
 from nodeagent.adapters.providers.kube import KubeEventProvider, KubePodProvider, KubeTaintProvider
 from nodeagent.core.events import NodeTaints, Notice, Pod, PodEvent, PodKey, PodUid
+from nodeagent.core.ports import Change, ProviderError
 from tests.unit.nodeagent.scripted_feed import Scripted, until
 
 NOW = datetime(2026, 12, 1, 4, 0, tzinfo=UTC)

@@ -1,17 +1,21 @@
 """The pods room follows the node's pods through a feed: list, then watch from the list's
 version; a watch that ends or breaks resumes from its newest version, a ``410 Gone`` lists again;
 each change reaches the store at once, and the scheduler's reclaims on the pods reach the intake.
-The feed here is a scripted stand-in for the port (:class:`nodeagent.adapters.calls.Feed`)."""
+The feed here is a scripted stand-in for the port (:class:`nodeagent.core.ports.Feed`)."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from nodeagent.adapters.calls import ApiCalls, Change, WatchExpired
+import pytest
+
+from nodeagent.adapters.calls import ApiCalls, WatchExpired
 from nodeagent.adapters.follow import WatchSettings
 from nodeagent.core.events import Notice, Pod, PodKey, PodUid, Tracked
+from nodeagent.core.ports import Change
 from nodeagent.core.store import Store
 from nodeagent.wiring.pods import PodList
 from tests.unit.nodeagent.scripted_feed import Scripted, until
@@ -27,6 +31,14 @@ class ScriptedFeed(Scripted[Pod]):
 
     last_ok = 0.0
     dry_run = False
+    #: While set, a list (read when it begins) is answered only once this is set.
+    held: threading.Event | None = None
+
+    def list_at(self) -> tuple[list[Pod], str]:
+        answer = super().list_at()
+        if self.held is not None:
+            self.held.wait(10)
+        return answer
 
     def read_revocation(self) -> list[Tracked]:
         return []
@@ -128,12 +140,52 @@ async def test_a_list_for_a_caller_while_watching_only_adds_pods_not_known() -> 
     feed, store, reclaims = ScriptedFeed([W0]), Store(), Reclaims()
     pods, task = await following(feed, store, reclaims)
     try:
+        # A caller's list begins (it reads w0 and w1); the watch sees w0 go before the list is
+        # answered. The older list must not bring w0 back; the new pod is taken.
+        feed.held = threading.Event()
+        feed.listed = [W0, W1]
+        lists = feed.lists
+        refresh = asyncio.create_task(pods.refresh())
+        await until(lambda: feed.lists > lists)
         feed.steps.put(Change(W0, gone=True, version="11"))
         await until(lambda: store.pod(W0.uid) is None)
-        # An older list (it still shows w0) must not bring w0 back; a new pod is taken.
-        feed.listed = [W0, W1]
-        await pods.refresh()
+        feed.held.set()
+        await refresh
         assert store.pod(W0.uid) is None
         assert store.pod(W1.uid) is not None
+    finally:
+        await stop(pods, task)
+
+
+@pytest.mark.reliability
+async def test_pods_that_go_while_watched_are_not_remembered_once_no_list_needs_them() -> None:
+    """The pods room once kept every pod the watch saw go until the next whole list (a watch
+    that is never too old never lists again): a node running short jobs for months grew with
+    each. Now only a caller's list under way needs them, and they are let go once it answers."""
+    feed, store, reclaims = ScriptedFeed([]), Store(), Reclaims()
+    pods, task = await following(feed, store, reclaims)
+    try:
+        published = len(reclaims.seen)
+        for n in range(200):
+            pod = Pod(PodKey(f"ns/job{n}"), PodUid(f"job{n}"))
+            feed.steps.put(Change(pod, gone=False, version=str(20 + 2 * n)))
+            feed.steps.put(Change(pod, gone=True, version=str(21 + 2 * n)))
+        # Each change is handed to the store and the intake: 400 of them.
+        await until(lambda: len(reclaims.seen) == published + 400)
+        assert store.pods() == ()
+        assert pods._gone == set()
+        # A caller's list answered after a pod went, with it still there, is not taken.
+        feed.held = threading.Event()
+        feed.listed = [W1]
+        lists = feed.lists
+        refresh = asyncio.create_task(pods.refresh())
+        await until(lambda: feed.lists > lists)
+        feed.steps.put(Change(W1, gone=False, version="500"))
+        feed.steps.put(Change(W1, gone=True, version="501"))
+        await until(lambda: W1.uid in pods._gone)
+        feed.held.set()
+        await refresh
+        assert store.pod(W1.uid) is None
+        assert pods._gone == set()
     finally:
         await stop(pods, task)

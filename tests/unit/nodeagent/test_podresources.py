@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from fakes.podresources import FakePodResources
-from nodeagent.podresources import PodResourcesError, gpu_owners
+from nodeagent.adapters.podresources import PodResourcesError, gpu_owners
 
 
 async def test_gpu_owners_maps_device_ids_to_pods(tmp_path: Path) -> None:

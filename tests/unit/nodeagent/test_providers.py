@@ -16,7 +16,7 @@ from fakes.metadata import (
     AzureMetadata,
     GcpMetadata,
 )
-from nodeagent.adapters.providers import HttpSettings, ProviderError
+from nodeagent.adapters.providers import HttpSettings
 from nodeagent.adapters.providers.alibaba import AlibabaProvider
 from nodeagent.adapters.providers.aws import AwsProvider
 from nodeagent.adapters.providers.azure import AzureProvider
@@ -24,6 +24,7 @@ from nodeagent.adapters.providers.base import BadBody, Http
 from nodeagent.adapters.providers.common import SessionToken
 from nodeagent.adapters.providers.gcp import GcpProvider
 from nodeagent.core.events import Kind, Notice
+from nodeagent.core.ports import ProviderError
 from nodeagent.core.store import Settings as StoreSettings
 from nodeagent.core.store import Store
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -188,6 +189,28 @@ def test_a_restarted_agent_repeats_nothing() -> None:
     assert run(second, at(30)) == []
     # Its ack is still honoured after the restart.
     assert second.acknowledge(PodKey("ns/w0"), PodUid("uid-w0"), 3) is AckOutcome.ACCEPTED
+
+
+@pytest.mark.reliability
+def test_a_restarted_agent_still_tells_the_socket_what_the_annotation_already_says() -> None:
+    """Restarted under a live notice, the agent writes nothing again (the annotation says the
+    pod was told), but a worker whose watch opened before the notice was restored heard "no
+    notice": the workers of such a pod are listed as unheard until they are told."""
+    first = Store()
+    first.set_pods([pod("w0")])
+    first.observe("aws", [notice()], T0)
+    run(first, T0)
+    recorded = first.active()
+
+    second = Store()
+    annotated = Pod(key=PodKey("ns/w0"), uid=PodUid("uid-w0"), leave_by=recorded[0].notice.deadline)
+    second.set_pods([annotated])
+    second.restore(recorded)
+    assert not any(isinstance(a, NotifyPod) for a in second.due(at(30)))
+    ((uid, told),) = second.unheard()
+    assert (uid, told.event_id) == (PodUid("uid-w0"), recorded[0].notice.event_id)
+    assert second.heard(uid, told, at=30.0)
+    assert second.unheard() == []
 
 
 def test_a_more_urgent_notice_renotifies_with_the_earlier_deadline() -> None:

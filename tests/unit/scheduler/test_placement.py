@@ -11,6 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contracts import names
+from scheduler import cycle
+from scheduler.gang import build_gangs
 from scheduler.model import (
     GangKey,
     Node,
@@ -25,6 +27,7 @@ from scheduler.model import (
     Unschedulable,
 )
 from scheduler.placement import Request, demand, filters, place
+from scheduler.queue import GangQueue
 from tests.unit.scheduler.builders import GIB, node, pod, snapshot
 
 KEYS = names.DEFAULT_TOPOLOGY_KEYS
@@ -362,3 +365,79 @@ def test_equal_scores_go_to_the_most_plentiful_node_shape_not_a_hash() -> None:
         for i in range(12)
     }
     assert chosen <= {"common0", "common1", "common2"}
+
+
+def test_a_gang_fills_a_rack_exactly_rather_than_break_a_whole_one() -> None:
+    # rack-a: 4 nodes of 128 CPUs (the scarce shape); rack-b: 8 of 96 CPUs. A gang of four
+    # members asking 64 CPUs fits rack-a exactly; in rack-b it would leave 4 nodes, too few for
+    # a gang of eight. Taking the whole scarce rack costs the likely pods less than breaking
+    # rack-b costs, so it goes to rack-a, and a gang of eight still fits rack-b.
+    nodes = [node(f"a{i}", rack="rack-a", cpu=128, memory_gib=768) for i in range(4)]
+    nodes += [node(f"b{i}", rack="rack-b", cpu=96, memory_gib=384) for i in range(8)]
+    first = [sized(f"f{i}", gpus=8, cpu=64, memory_gib=256, gang="first") for i in range(4)]
+    where = placed(place(request(first, required=names.RACK_LABEL), snapshot(nodes).nodes))
+    assert set(where.values()) == {f"a{i}" for i in range(4)}
+    bound = [replace(p, node=NodeName(where[p.name])) for p in first]
+    eight = [sized(f"e{i}", gpus=8, cpu=64, memory_gib=256, gang="eight") for i in range(8)]
+    result = place(request(eight, required=names.RACK_LABEL), snapshot(nodes, bound).nodes)
+    assert set(placed(result).values()) == {f"b{i}" for i in range(8)}
+
+
+def test_taking_the_last_hosts_of_a_shape_costs_more_for_each_member() -> None:
+    # One member after another pays against the hosts the members before it left: the four
+    # hosts of a shape cost 1/4 + 1/3 + 1/2 + 1 of it, not four times 1/4.
+    nodes = [node(f"a{i}", cpu=128, memory_gib=768) for i in range(4)]
+    nodes += [node(f"b{i}", cpu=96, memory_gib=384) for i in range(8)]
+    likely = demand.demand_of(snapshot(nodes).nodes)
+    scarce = likely.shapes.index((128_000, 768 * GIB, 8))
+    whole = Resources(128_000, 768 * GIB, 8, 1)
+    free = Resources(128_000, 768 * GIB, 8, 110)
+    taken: dict[int, int] = {}
+    charges = [likely.charge(1 << scarce, taken) for _ in range(4)]
+    assert charges == sorted(charges)
+    assert charges[0] == likely.cost(whole, free) - sum(
+        likely.loss(bit)
+        for bit in range(len(likely.shapes))
+        if bit != scarce and likely.lost(whole, free) >> bit & 1
+    )
+    assert charges[-1] == 4 * charges[0]
+
+
+def test_a_pod_leaves_the_room_a_waiting_gang_needs() -> None:
+    # x has 3 GPUs and 60 CPUs free, y 6 GPUs and 60 CPUs. A pod asking 1 GPU fits x
+    # tighter; but a gang waits with two members asking 3 GPUs and 40 CPUs each, and only x
+    # and y hold them. Told of the waiting gang, the pod goes to y, and the gang fits after it.
+    nodes = [node("x", cpu=96, memory_gib=384), node("y", cpu=96, memory_gib=384)]
+    used = [
+        sized("ux", gpus=5, cpu=36, memory_gib=100, node="x"),
+        sized("uy", gpus=2, cpu=36, memory_gib=100, node="y"),
+    ]
+    snap = snapshot(nodes, used)
+    small = sized("small", gpus=1, cpu=2, memory_gib=20)
+    member = Resources(40_000, 100 * GIB, 3, 1)
+    assert placed(place(request([small]), snap.nodes)) == {"small": "x"}
+    told = request([small], waiting=((member, 2),))
+    assert placed(place(told, snap.nodes)) == {"small": "y"}
+
+
+def test_the_cycle_tells_the_placement_which_gangs_wait() -> None:
+    # The same two nodes, as gangs in one cycle: the high-priority pod is decided first and
+    # leaves the room the waiting gang's minimum needs, which is then placed whole.
+    nodes = [node("x", cpu=96, memory_gib=384), node("y", cpu=96, memory_gib=384)]
+    used = [
+        sized("ux", gpus=5, cpu=36, memory_gib=100, node="x"),
+        sized("uy", gpus=2, cpu=36, memory_gib=100, node="y"),
+    ]
+    small = replace(sized("small", gpus=1, cpu=2, memory_gib=20), priority=10)
+    members = [sized(f"m{i}", gpus=3, cpu=40, memory_gib=100, gang="waits") for i in range(2)]
+    snap = snapshot(nodes, [*used, small, *members])
+    gangs, invalid = build_gangs(snap.pods.values(), snap.pod_groups, names.SCHEDULER_NAME)
+    assert invalid == []
+    waits = next(g for g in gangs if g.name == "waits")
+    first = next(g for g in gangs if small.key in {p.key for p in g.members})
+    assert cycle.waiting_pods(gangs, first) == ((members[0].requests, 2),)
+    assert cycle.waiting_pods(gangs, first, skip={waits.key}) == ()
+    decisions = list(cycle.decide_in_turn(gangs, GangQueue(), snap, 0.0, cycle.Config()))
+    where = {a.pod.split("/")[1]: a.node for d in decisions for a in d.bindings}
+    assert where["small"] == "y"
+    assert {where["m0"], where["m1"]} == {"x", "y"}

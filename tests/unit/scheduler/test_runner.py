@@ -83,7 +83,7 @@ class Recorder:
     def bind_failed(self, pod: PodRequest, node: NodeName, error: str) -> None:
         self.messages[pod.name] = error
 
-    def asked_to_leave(self, pod: PodRequest, gang: Gang, leave_by: float) -> None:
+    def asked_to_leave(self, pod: PodRequest, gang: Gang, leave_by: float, why: str = "") -> None:
         pass
 
     def nominated(self, pod: PodRequest, node: NodeName) -> None:

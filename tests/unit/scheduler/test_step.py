@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import ParamSpec, TypeVar
 
 from scheduler.cache import Cache
+from scheduler.cycle import Config
 from scheduler.gang import GangBuilder
 from scheduler.gang.group_status import GroupStatus
 from scheduler.model import (
@@ -24,12 +25,14 @@ from scheduler.model import (
     NodeName,
     PodGroup,
     PodRequest,
+    Resources,
 )
+from scheduler.placement.shapes import ShapeLedger
 from scheduler.runner import Runner, Settings
 from scheduler.simulate import engine
 from scheduler.simulate.inputs import JobSpec, SpotEvent
 from scheduler.step import Ledgers, StepSettings, step
-from tests.unit.scheduler.builders import SCHED, node, pod
+from tests.unit.scheduler.builders import GIB, SCHED, node, pod
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -103,7 +106,9 @@ class Seam:
 
     def bind_failed(self, pod: PodRequest, node: NodeName, error: str) -> None: ...
 
-    def asked_to_leave(self, pod: PodRequest, gang: Gang, leave_by: float) -> None: ...
+    def asked_to_leave(
+        self, pod: PodRequest, gang: Gang, leave_by: float, why: str = ""
+    ) -> None: ...
 
     def nominated(self, pod: PodRequest, node: NodeName) -> None: ...
 
@@ -115,18 +120,22 @@ class Seam:
 
 
 def members(job: JobSpec) -> list[PodRequest]:
-    """The job's pods as the live loop sees them (labels and annotations make the gang)."""
+    """The job's pods as the live loop sees them (labels and annotations make the gang), asking
+    what the simulator's ask."""
+    asks = Resources(1000 * job.pod_gpus, GIB * job.pod_gpus, job.pod_gpus, 1)
     return [
-        pod(
-            f"{job.id}-{i}",
-            namespace=engine.NAMESPACE,
-            gpus=job.pod_gpus,
-            cpu_milli=1000 * job.pod_gpus,
-            gang=job.id,
-            min_member=str(job.min_pods),
-            max_member=str(job.max_pods),
-            priority=job.priority,
-            created=job.submit,
+        replace(
+            pod(
+                f"{job.id}-{i}",
+                namespace=engine.NAMESPACE,
+                gpus=job.pod_gpus,
+                gang=job.id,
+                min_member=str(job.min_pods),
+                max_member=str(job.max_pods),
+                priority=job.priority,
+                created=job.submit,
+            ),
+            requests=asks,
         )
         for i in range(job.max_pods)
     ]
@@ -137,7 +146,7 @@ class Live:
     nodes in order, workers leave at the notice (or die at the removal), evicted pods come back
     pending at once."""
 
-    def __init__(self, nodes: Sequence[Node], settings: engine.Settings) -> None:
+    def __init__(self, nodes: Sequence[Node], settings: engine.Settings, *, shapes: bool) -> None:
         self.cache = Cache()
         self.seam = Seam(self.cache)
         self.loop = Runner(
@@ -146,6 +155,8 @@ class Live:
             self.seam,
             Settings(
                 scheduler_name=SCHED,
+                # As the program builds it (scheduler.app), --arrived-shapes on or off.
+                config=Config(shapes=ShapeLedger() if shapes else None),
                 reclaim_grace=settings.reclaim_grace,
                 hold_extra=settings.hold_extra,
                 torn_grace=settings.torn_grace,
@@ -227,8 +238,12 @@ def live(
     jobs: Sequence[JobSpec],
     spot: Sequence[SpotEvent],
     settings: engine.Settings,
+    *,
+    shapes: bool | None = None,
 ) -> list[Effect]:
-    cluster = Live(nodes, settings)
+    """The live loop's effects; counting the shapes that arrive (``--arrived-shapes``) as the
+    simulator's settings say, unless ``shapes`` says otherwise."""
+    cluster = Live(nodes, settings, shapes=settings.arrived_shapes if shapes is None else shapes)
     cluster.plan(jobs, spot)
     return cluster.run()
 
@@ -349,3 +364,27 @@ def test_a_step_stopped_early_leaves_the_gangs_it_did_not_hand_out_for_the_next_
 
     assert run_step(take=1) == [("g0", "bound on n0")]
     assert run_step(take=64) == [("g1", "told"), ("g2", "bound on n0")]
+
+
+def test_the_live_loop_counts_the_shapes_that_arrive_as_the_simulator_does() -> None:
+    # rack-a has 4 nodes, rack-b 8. A gang of three whole-node members fits both; rack-a is
+    # the tighter, but would be left one node, too few for any gang that came (this one, of
+    # 24 GPUs). Counting what arrives (the gang itself), the simulator sends it to rack-b,
+    # which keeps five nodes, and so does the live loop, which holds its own ledger and hands
+    # it to the same step; without one (--arrived-shapes=false), the live loop takes rack-a.
+    nodes = [node(f"a{i}", rack="rack-a") for i in range(4)]
+    nodes += [node(f"b{i}", rack="rack-b") for i in range(8)]
+    jobs = [JobSpec("three", 0.0, 5000.0, pod_gpus=8, min_pods=3, max_pods=3)]
+    settings = replace(SETTINGS, horizon=100.0)
+
+    def racks(effects: list[Effect]) -> set[str]:
+        return {where[0] for _, kind, _, where in effects if kind == "bind"}
+
+    simulator = simulated(nodes, jobs, [], settings)
+    assert len(simulator) == 3
+    assert racks(simulator) == {"b"}
+    assert sorted(live(nodes, jobs, [], settings)) == sorted(simulator)
+    assert racks(live(nodes, jobs, [], settings, shapes=False)) == {"a"}
+    # The simulator without the count (--no-arrived-shapes) places as that live loop does.
+    unaware = replace(settings, arrived_shapes=False)
+    assert sorted(simulated(nodes, jobs, [], unaware)) == sorted(live(nodes, jobs, [], unaware))
