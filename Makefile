@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv devcluster browser slurm images lint unit integration test demo clean
+.PHONY: venv devcluster browser faketime slurm images lint unit integration test demo clean
 
 $(STAMP): pyproject.toml worker/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ devcluster: $(STAMP)
 # it those tests are skipped, saying why).
 browser: $(STAMP)
 	-$(PY) -m devcluster browser
+
+# libfaketime from Debian's packages for the agent's clock-skew test, which also moves the
+# agent's whole clock with it (root installs it; without it that case is skipped, saying why).
+faketime: $(STAMP)
+	-$(PY) -m devcluster faketime
 
 # Debian's Slurm (slurmctld, slurmd, slurm-client, munge) for tests/integration/slurm/ (root
 # installs it, starting no service; no-op when installed; without it those tests are skipped,
@@ -46,7 +51,7 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit
 
-integration: devcluster browser slurm
+integration: devcluster browser faketime slurm
 	$(PY) -m pytest tests/integration
 
 # Lint, type-check, layer contracts, then every test (unit and integration) in one run, on
@@ -56,7 +61,7 @@ integration: devcluster browser slurm
 # (tests/conftest.py, from pytest's cache); the ten slowest are printed at the end (pyproject's
 # --durations=10). TEST_WORKERS=0 runs them in one process.
 TEST_WORKERS ?= 4
-test: lint devcluster browser slurm images
+test: lint devcluster browser faketime slurm images
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 demo: devcluster

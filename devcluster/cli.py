@@ -8,9 +8,10 @@ import os
 import shutil
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
-from devcluster import browser, cluster, tools, versions
+from devcluster import browser, cluster, faketime, tools, versions
 from devcluster import build as builder
 from devcluster.errors import DevclusterError, NotRunningError
 
@@ -105,6 +106,11 @@ def parser() -> argparse.ArgumentParser:
         help="install Chromium from Debian's packages for the web view's tests (root; no-op "
         "when there is one) and print its path",
     )
+    sub.add_parser(
+        "faketime",
+        help="install libfaketime from Debian's packages for the agent's clock-skew test (root; "
+        "no-op when it is there) and print its path",
+    )
     sub.add_parser("status", help="print the components, their memory and the API server state")
 
     n = sub.add_parser("nodes", help="create fake GPU nodes that kwok runs")
@@ -170,6 +176,10 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The subcommands that install a Debian package a test needs, and print what they installed.
+INSTALLERS: dict[str, Callable[[], Path]] = {"browser": browser.ensure, "faketime": faketime.ensure}
+
+
 def _run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - one return per subcommand
     run_dir: Path = args.run_dir
     if args.command == "build":
@@ -205,8 +215,8 @@ def _run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - one return per sub
         return 0
     if args.command == "status":
         return _status(run_dir)
-    if args.command == "browser":
-        print(browser.ensure())
+    if args.command in INSTALLERS:
+        print(INSTALLERS[args.command]())
         return 0
     if args.command == "nodes":
         return _nodes(args)

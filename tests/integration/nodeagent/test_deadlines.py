@@ -63,7 +63,7 @@ def fast_scene(
     elif LIBFAKETIME.exists():
         env = {"LD_PRELOAD": str(LIBFAKETIME), "FAKETIME": f"+{SKEW:g}s"}
     else:
-        pytest.skip(f"no libfaketime at {LIBFAKETIME} (Debian package faketime)")
+        pytest.skip(f"no libfaketime at {LIBFAKETIME} (`make faketime` as root installs it)")
     yield from make_scene(devcluster, namespace, servers, tmp_path, "aws", extra=margins, env=env)
 
 
