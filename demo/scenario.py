@@ -306,6 +306,10 @@ class Demo:
             cloud.url,
             "--socket",
             sock,
+            # Each agent keeps its pod file in the demo's folder: the default, /var/lib/shoal-agent,
+            # is a real node's hostPath on this machine, and one file is one node's.
+            "--state-dir",
+            str(self.options.out / "state" / node),
             "--listen",
             f"127.0.0.1:{port}",
             "--gpu",

@@ -122,6 +122,14 @@ def test_the_torch_story_stops_every_rank_at_one_step_and_loses_nothing(tmp_path
 
 def test_the_simulated_story_keeps_every_promise(tmp_path: Path) -> None:
     summary = run_demo(tmp_path / "demo", "--workers", "simulated", "--nodes", "8")
+    # Each node's agent kept its pod file in the demo's folder, one file per node: the default
+    # folder is a real node's hostPath on this machine, which a root agent's file made
+    # unreadable to the chart's agent (a real-node test's worker was drained for it).
+    state = tmp_path / "demo" / "state"
+    nodes = sorted(p.parent.name for p in state.glob("*/pods.json"))
+    assert nodes
+    for node in nodes:
+        assert f'"node":"{node}"' in (state / node / "pods.json").read_text(), node
     jobs = {row["job"]: row for row in summary["jobs"]}
     assert set(jobs) == {"llama", "bert", "urgent"}
     assert all(row["steps_lost"] == 0 for row in jobs.values())
