@@ -104,13 +104,17 @@ def test_a_reclaim_is_heard_on_the_socket_and_the_ack_evicts_the_victim(
         # The agent leaves the scheduler's annotation as it is, and evicts on the ack.
         assert worker.acknowledge(7) == "accepted"
         eventually(lambda: gone(core, pods.namespace, victim), what="the victim evicted")
-        evicted = [
-            line
-            for line in agent.log_lines()
-            if line.get("event") == "pod_evicted"
-            and line.get("pod") == f"{pods.namespace}/{victim}"
-        ]
-        assert [line["reason"] for line in evicted] == ["acknowledged"]
+
+        def evicted() -> list[str]:
+            return [
+                line["reason"]
+                for line in agent.log_lines()
+                if line.get("event") == "pod_evicted"
+                and line.get("pod") == f"{pods.namespace}/{victim}"
+            ]
+
+        # The pod can be gone before the agent's line about it is in its log: wait for the line.
+        assert eventually(evicted, what="the agent's pod_evicted line") == ["acknowledged"]
         assert time.time() < heard.leave_by.timestamp()  # the scheduler's own time not reached
         eventually(lambda: len(pods.bound(urgent)) == 1, what="the urgent gang bound")
     finally:

@@ -48,8 +48,10 @@ def test_the_torch_helper_reports_steps_and_complete_checkpoints_on_its_own() ->
             assert stop.check(step) is None
         waiting.eventually(lambda: client.reports, timeout=10, what="the first report")
         first = client.reports[0]
+        # The reporter sends the newest step it has when its thread runs: any of the three.
         # No checkpoint yet: the declared checkpoint time stands.
-        assert (first.step, first.checkpoint_step, first.checkpoint_at) == (0, 0, None)
+        assert first.step in {0, 1, 2}
+        assert (first.checkpoint_step, first.checkpoint_at) == (0, None)
         assert first.checkpoint_seconds == 30.0
         before = time.time()
         stop.checkpoint(2, lambda s: time.sleep(0.05))
