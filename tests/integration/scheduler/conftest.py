@@ -269,7 +269,10 @@ class Pods:
         annotations: dict[str, str] | None = None,
         priority_class: str | None = None,
         scheduler: str | None = None,
+        pod_group: str | None = None,
     ) -> str:
+        """Create one pod; ``pod_group`` names the Kubernetes PodGroup it belongs to
+        (``spec.schedulingGroup``)."""
         spec: dict[str, Any] = {
             "schedulerName": scheduler or self.scheduler,
             "tolerations": [KWOK_TOLERATION],
@@ -285,6 +288,8 @@ class Pods:
         }
         if priority_class:
             spec["priorityClassName"] = priority_class
+        if pod_group:
+            spec["schedulingGroup"] = {"podGroupName": pod_group}
         body = {
             "metadata": {
                 "name": name,

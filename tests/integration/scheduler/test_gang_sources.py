@@ -303,25 +303,7 @@ def _k8s_conditions(pods: Pods, name: str) -> dict[str, dict[str, Any]]:
 
 
 def _k8s_member(pods: Pods, name: str, group: str) -> str:
-    body = {
-        "metadata": {"name": name},
-        "spec": {
-            "schedulerName": pods.scheduler,
-            "schedulingGroup": {"podGroupName": group},
-            "tolerations": [KWOK_TOLERATION],
-            "nodeSelector": {TEST_LABEL: pods.pool},
-            "terminationGracePeriodSeconds": 0,
-            "containers": [
-                {
-                    "name": "worker",
-                    "image": "registry.example/trainer:1",
-                    "resources": {"limits": {names.GPU_RESOURCE: "8"}},
-                }
-            ],
-        },
-    }
-    pods.devcluster.core().create_namespaced_pod(pods.namespace, body)
-    return name
+    return pods.create(name, gpus=8, pod_group=group)
 
 
 def test_kubernetes_pod_group_reclaimed_for_a_higher_priority_gang_is_a_disruption_target(

@@ -22,8 +22,6 @@ from contracts import names
 from tests import figures
 from tests.integration.history import History
 from tests.integration.scheduler.conftest import (
-    KWOK_TOLERATION,
-    TEST_LABEL,
     Pods,
     Pool,
     SchedulerProcess,
@@ -147,28 +145,7 @@ def _plugins_gang(pods: Pods, gang: str, count: int) -> list[str]:
 
 def _k8s_gang(pods: Pods, gang: str, count: int) -> list[str]:
     _group(pods, K8S, gang, {"schedulingPolicy": {"gang": {"minCount": 1}}})
-    members = []
-    for i in range(count):
-        body = {
-            "metadata": {"name": f"{gang}-{i}"},
-            "spec": {
-                "schedulerName": pods.scheduler,
-                "schedulingGroup": {"podGroupName": gang},
-                "tolerations": [KWOK_TOLERATION],
-                "nodeSelector": {TEST_LABEL: pods.pool},
-                "terminationGracePeriodSeconds": 0,
-                "containers": [
-                    {
-                        "name": "worker",
-                        "image": "registry.example/trainer:1",
-                        "resources": {"limits": {names.GPU_RESOURCE: "2"}},
-                    }
-                ],
-            },
-        }
-        pods.devcluster.core().create_namespaced_pod(pods.namespace, body)
-        members.append(f"{gang}-{i}")
-    return members
+    return [pods.create(f"{gang}-{i}", gpus=2, pod_group=gang) for i in range(count)]
 
 
 SOURCES = [
