@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Final
 
 from devcluster import apt, build
 from devcluster.errors import DevclusterError
-from devcluster.versions import cache_root
 
 #: The Debian package and the names its binary has had.
 PACKAGE: Final = "chromium"
@@ -54,20 +52,7 @@ def ensure(*, say: build.Say = build._say) -> Path:
         return find()
     except BrowserUnavailable as missing:
         reason = missing
-    if not shutil.which("apt-get"):
-        raise BrowserUnavailable(f"{reason}; apt-get is not available here")
-    if os.geteuid() != 0:
-        raise BrowserUnavailable(f"{reason}; installing it needs root")
-    archives = cache_root() / "apt"
-    (archives / "partial").mkdir(parents=True, exist_ok=True)
-    say(f"devcluster: installing Debian's {PACKAGE} (packages kept in {archives})")
-    if _install(archives) != 0:
-        # The package lists may be missing or stale (a fresh machine): read them once.
-        subprocess.run(["apt-get", "update", "-qq"], check=False)
-        if _install(archives) != 0:
-            raise BrowserUnavailable(f"{reason}; `apt-get install {PACKAGE}` failed")
+    why = apt.ensure([PACKAGE], str(reason), what="it", prefix="devcluster", say=say)
+    if why:
+        raise BrowserUnavailable(why)
     return find()
-
-
-def _install(archives: Path) -> int:
-    return apt.install(str(archives), PACKAGE)

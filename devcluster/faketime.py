@@ -9,15 +9,11 @@ it says why, and the libfaketime case of that test is skipped with the same reas
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Final
 
 from devcluster import apt, build
 from devcluster.errors import DevclusterError
-from devcluster.versions import cache_root
 
 PACKAGE: Final = "faketime"
 #: Where Debian's package puts the library (the test preloads it from here).
@@ -33,18 +29,9 @@ def ensure(*, say: build.Say = build._say) -> Path:
     if LIBRARY.exists():
         return LIBRARY
     reason = f"no libfaketime at {LIBRARY} (Debian package {PACKAGE})"
-    if not shutil.which("apt-get"):
-        raise FaketimeUnavailable(f"{reason}; apt-get is not available here")
-    if os.geteuid() != 0:
-        raise FaketimeUnavailable(f"{reason}; installing it needs root")
-    archives = cache_root() / "apt"
-    (archives / "partial").mkdir(parents=True, exist_ok=True)
-    say(f"devcluster: installing Debian's {PACKAGE} (packages kept in {archives})")
-    if apt.install(str(archives), PACKAGE) != 0:
-        # The package lists may be missing or stale (a fresh machine): read them once.
-        subprocess.run(["apt-get", "update", "-qq"], check=False)
-        if apt.install(str(archives), PACKAGE) != 0:
-            raise FaketimeUnavailable(f"{reason}; `apt-get install {PACKAGE}` failed")
+    why = apt.ensure([PACKAGE], reason, what="it", prefix="devcluster", say=say)
+    if why:
+        raise FaketimeUnavailable(why)
     if not LIBRARY.exists():
         raise FaketimeUnavailable(f"{reason}; the installed package has no {LIBRARY}")
     return LIBRARY

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import time
 from collections.abc import Callable
 from typing import Final
 
 from devcluster import apt
-from devcluster.versions import cache_root
 
 Say = Callable[[str], None]
 
@@ -75,26 +73,13 @@ def ensure(*, say: Say = _say) -> float:
     if not absent:
         return 0.0
     reason = f"{', '.join(absent)} not installed"
-    if not shutil.which("apt-get"):
-        raise InstallError(f"{reason}; apt-get is not available here")
-    if os.geteuid() != 0:
-        raise InstallError(f"{reason}; installing Debian's Slurm needs root")
-    archives = cache_root() / "apt"
-    (archives / "partial").mkdir(parents=True, exist_ok=True)
-    say(f"slurmcluster: installing Debian's {', '.join(PACKAGES)} (packages kept in {archives})")
     started = time.monotonic()
-    if _install(archives) != 0:
-        # The package lists may be missing or stale (a fresh machine): read them once.
-        subprocess.run(["apt-get", "update", "-qq"], check=False)
-        if _install(archives) != 0:
-            raise InstallError(f"{reason}; `apt-get install {' '.join(PACKAGES)}` failed")
+    why = apt.ensure(PACKAGES, reason, what="Debian's Slurm", prefix="slurmcluster", say=say)
+    if why:
+        raise InstallError(why)
     absent = missing()
     if absent:
         raise InstallError(f"installed {' '.join(PACKAGES)} but {', '.join(absent)} still missing")
     took = time.monotonic() - started
     say(f"slurmcluster: installed in {took:.0f} s")
     return took
-
-
-def _install(archives: object) -> int:
-    return apt.install(str(archives), *PACKAGES)
