@@ -6,7 +6,12 @@ Computed from the PodGroup and every pod that names it (label ``scheduling.x-k8s
 finished ones included, for each kind whose status comes from its members
 (:attr:`~scheduler.gang.kinds.base.PodGroupKind.status_from_members`):
 
-* ``running``, ``succeeded``, ``failed``: how many of those pods are in that phase;
+* ``running``, ``succeeded``, ``failed``: how many of those pods are in that phase. A pod being
+  deleted counts as running while it runs, but never as succeeded or failed: it ended because it
+  was asked to leave (reclaimed, shrunk, drained before a spot revocation, deleted by its
+  controller), and the phase it ends in (an evicted container stopped by SIGTERM ends
+  ``Failed``) says nothing about the group. Counted, it would make the group ``Failed`` (or
+  ``Finished``), phases that are never written again, at every reclaim;
 * ``phase``: ``Pending`` while fewer pods than ``spec.minMember`` exist; ``Scheduling`` once they
   do, until ``running + succeeded`` reaches the minimum: then ``Running``; ``Failed`` once a pod
   failed and ``failed + running + succeeded`` reaches the minimum; ``Finished`` once
@@ -88,8 +93,9 @@ def group_status(
     if isinstance(minimum, CountError):
         return None
     running = sum(1 for p in pods if p.phase == PodPhase.RUNNING)
-    succeeded = sum(1 for p in pods if p.phase == PodPhase.SUCCEEDED)
-    failed = sum(1 for p in pods if p.phase == PodPhase.FAILED)
+    ended = [p.phase for p in pods if not p.deleting]  # see the module's docstring
+    succeeded = sum(1 for phase in ended if phase == PodPhase.SUCCEEDED)
+    failed = sum(1 for phase in ended if phase == PodPhase.FAILED)
     phase = phase_of(len(pods), running, succeeded, failed, minimum)
     start = group.schedule_start
     if start is None and phase != PENDING:

@@ -170,6 +170,46 @@ def test_a_failed_member_makes_the_pod_group_failed(
     _no_api_warnings(scheduler)
 
 
+def test_a_member_asked_to_leave_does_not_fail_the_pod_group(
+    pool: Pool,
+    pods: Pods,
+    start_scheduler: Callable[..., SchedulerProcess],
+    group_history: History,
+) -> None:
+    """A running member is deleted (as a reclaim, a shrink or a drain does): its container ends
+    Failed while the object is still there (held here by a finalizer, so the state cannot be
+    missed). The PodGroup stays Running with the others; it does not turn Failed, a phase that
+    is never written again, and it counts the member out once it is gone."""
+    pool.add(3, gpus=8)
+    groups = Groups(pods)
+    groups.create("job", 2)
+    label = {names.POD_GROUP_LABEL: "job"}
+    members = [pods.create(f"job-{i}", gpus=8, labels=label) for i in range(3)]
+    scheduler = start_scheduler()
+    groups.reaches("job", phase="Running", running=3)
+
+    core = pods.devcluster.core()
+    held = {"metadata": {"finalizers": ["shoal.dev/test-hold"]}}
+    core.patch_namespaced_pod(members[2], pods.namespace, held)
+    core.delete_namespaced_pod(members[2], pods.namespace)
+    eventually(
+        lambda: (
+            (p := core.read_namespaced_pod(members[2], pods.namespace)).status.phase == "Failed"
+            and p.metadata.deletion_timestamp is not None
+        ),
+        what="the deleted member to end Failed while its object stays",
+    )
+    found = groups.reaches("job", running=2)
+    assert (found["phase"], found["failed"], found["succeeded"]) == ("Running", 0, 0), found
+    core.patch_namespaced_pod(members[2], pods.namespace, {"metadata": {"finalizers": None}})
+    eventually(
+        lambda: members[2] not in {p.metadata.name for p in pods.all()}, what="the member gone"
+    )
+    groups.reaches("job", phase="Running", running=2, failed=0)
+    assert "Failed" not in _phases(group_history, "job")
+    _no_api_warnings(scheduler)
+
+
 def test_members_that_do_not_fit_together_are_told_why_per_node(
     pool: Pool, pods: Pods, start_scheduler: Callable[..., SchedulerProcess]
 ) -> None:

@@ -79,3 +79,21 @@ def test_only_pods_that_name_the_group_count() -> None:
     pods = (*_pods(PodPhase.RUNNING), pod("other", gang="g"), pod("else", pod_group="h"))
     [(_, found)] = statuses.due([(GROUP, pods)], now=1.0)
     assert found == GroupStatus("Pending", running=1)
+
+
+def test_pods_asked_to_leave_neither_fail_nor_finish_the_group() -> None:
+    """A reclaim evicts two of four running members: their containers, stopped by SIGTERM, end
+    Failed (or Succeeded) before the objects go. The group stays Running and is written again
+    once they are gone, instead of ending Failed, a phase never written again."""
+    leaving = [
+        replace(p, deleting=True)
+        for p in _pods(PodPhase.FAILED, PodPhase.SUCCEEDED, PodPhase.RUNNING)
+    ]
+    kept = [replace(p, name=f"kept{i}") for i, p in enumerate(_pods(*[PodPhase.RUNNING] * 2))]
+    found = group_status(GROUP, [*kept, *leaving], 5.0)
+    assert found == GroupStatus("Running", running=3, schedule_start=5.0)
+    assert group_status(GROUP, kept, 5.0) == GroupStatus("Running", running=2, schedule_start=5.0)
+    # A member that failed on its own still fails the group.
+    failed = group_status(GROUP, [*kept, *_pods(PodPhase.FAILED)], 5.0)
+    assert failed is not None
+    assert failed.phase == "Failed"
