@@ -10,15 +10,57 @@ of a closed TLS connection, gRPC's own threads) can crash the process: the sched
 in its container once exited 139 (SIGSEGV) instead of 0 on SIGTERM, after its stop had
 completed. The images also set ``PYTHONFAULTHANDLER=1``, so a crash anywhere prints every
 thread's stack to the container log.
+
+Both also hear a stop from their very first line (:func:`hear_stop`, before any other import).
+As PID 1 in a container, a process ignores every signal it has no handler for: a SIGTERM that
+came while the program was still starting (imports, a first list, a metadata probe: seconds on
+a loaded node) was lost, the program ran on, and the kubelet killed it at the end of its grace
+period (exit 137; seen when a pod was deleted right after its container restarted). Heard
+early, the stop is remembered, and :func:`stop_on_signal` carries it out as soon as the program
+is up.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import os
+import signal
 import sys
+import threading
+from collections.abc import Callable
+from types import FrameType
 from typing import NoReturn
+
+#: The signals that stop both programs.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+_heard = threading.Event()
+
+
+def _remember(signum: int, frame: FrameType | None) -> None:
+    _heard.set()
+
+
+def hear_stop() -> None:
+    """From now on, SIGTERM and SIGINT are remembered instead of ignored (PID 1) or killing the
+    process half started; call it first thing, before the program's imports."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _remember)
+
+
+def stop_asked() -> bool:
+    """Whether a stop signal came since :func:`hear_stop`."""
+    return _heard.is_set()
+
+
+def stop_on_signal(loop: asyncio.AbstractEventLoop, stop: Callable[[], None]) -> None:
+    """``stop`` on SIGTERM or SIGINT from now on, and at once if one came while starting."""
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, stop)
+    if _heard.is_set():
+        stop()
 
 
 def leave(status: int) -> NoReturn:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import sys
 
-from common.leave import leave
-from scheduler.settings import SettingsError, resolve
+from common.leave import hear_stop, leave
+
+hear_stop()  # first: a SIGTERM while starting is remembered, not ignored as PID 1
+
+from scheduler.settings import SettingsError, resolve  # noqa: E402
 
 
 def main() -> int:

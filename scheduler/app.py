@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from typing import Any
 import structlog
 
 from common import logs
+from common.leave import stop_on_signal
 from scheduler import health
 from scheduler.cache import Cache
 from scheduler.cycle import Config
@@ -299,9 +299,7 @@ async def _serve(settings: CliSettings, program: _Program) -> None:
     webhook = await _start_webhook(settings, program.api)
     view = await _start_web_view(settings, program.feed)
     done = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, done.set)
+    stop_on_signal(asyncio.get_running_loop(), done.set)
     try:
         while not done.is_set():
             try:

@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import structlog
 
 from common import logs
+from common.leave import stop_on_signal
 from common.values import parse_bool
 from contracts.names import REVOKING_TAINT
 from nodeagent.adapters import podresources
@@ -669,9 +669,7 @@ def clock_check() -> clock.ClockCheck:
 
 async def _until_signalled() -> None:
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop_on_signal(asyncio.get_running_loop(), stop.set)
     await stop.wait()
 
 

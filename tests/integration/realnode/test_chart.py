@@ -36,9 +36,7 @@ WORKER_UID = 1000
 #: watch the agent ended as ``lost-N``; it watches again at once, as a worker should. After
 #: ``ACK_AFTER`` notices it acknowledges its checkpoint (``ack``); SIGTERM is recorded.
 WORKER = """
-import asyncio, json, os, signal, time
-from nodeagent.client import NoticeClient
-ACK_AFTER = int(os.environ.get("ACK_AFTER", "1"))
+import json, os, signal, time
 def record(name, doc):
     with open("/host/%s.tmp" % name, "w") as f:
         f.write(json.dumps(doc))
@@ -46,7 +44,11 @@ def record(name, doc):
 def leave(*_):
     record("sigterm", {"at": time.time()})
     os._exit(0)
+# First, before the imports: PID 1 ignores a SIGTERM it has no handler for.
 signal.signal(signal.SIGTERM, leave)
+import asyncio
+from nodeagent.client import NoticeClient
+ACK_AFTER = int(os.environ.get("ACK_AFTER", "1"))
 async def main():
     client = NoticeClient.from_env()
     heard = 0
@@ -54,6 +56,8 @@ async def main():
         lost = None
         try:
             async for notice in client.watch():
+                if not os.path.exists("/host/watching"):  # the state when the watch opened
+                    record("watching", {"at": time.time()})
                 if notice.leave and lost is None:
                     heard += 1
                     lost = "lost-%d" % heard
@@ -352,6 +356,13 @@ def _running(core: Any, namespace: str, name: str) -> Any:
     return pod
 
 
+def _watching(folder: Path) -> None:
+    """Until the worker's watch is open (the agent sent it the state when it opened). A pod
+    that watches nothing yet when a spot notice comes is drained at once, as it should be: it
+    cannot be told to checkpoint."""
+    eventually(lambda: _record(folder, "watching"), timeout=120, what="the worker to watch")
+
+
 def _millicores(quantity: str) -> int:
     return int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
 
@@ -390,8 +401,9 @@ def test_the_schedulers_reclaim_reaches_a_worker_container_which_acks_and_is_evi
                     container={"resources": {"requests": {"cpu": f"{share}m"}}},
                 ),
             )
-        for name in folders:
+        for name, folder in folders.items():
             _running(core, real_namespace, name)
+            _watching(folder)
 
         wanting = plain_pod("wanting", priorityClassName=high)
         wanting["spec"]["containers"][0]["resources"] = {"requests": {"cpu": f"{share}m"}}
@@ -446,6 +458,7 @@ def test_a_spot_notice_reaches_the_worker_container_again_after_the_agent_contai
     folder = _folder(tmp_path, "worker")
     core.create_namespaced_pod(real_namespace, worker_pod("worker", folder, ack_after=2))
     _running(core, real_namespace, "worker")
+    _watching(folder)
 
     aws: HostAwsMetadata = installed["aws"]
     fakes: Threaded = installed["fakes"]

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 from collections import defaultdict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
 from contracts import names
-from tests.integration.scheduler.conftest import Pods, Pool, SchedulerProcess
+from tests.integration.conftest import Devcluster
+from tests.integration.scheduler.conftest import ROOT, Pods, Pool, SchedulerProcess
 from tests.waiting import eventually
 
 
@@ -208,3 +215,34 @@ def test_two_replicas_one_leads_and_the_standby_takes_over_when_it_dies(
     )
     two = pods.create("two")
     eventually(lambda: pods.node_of(two), what="the new leader to bind a pod")
+
+
+def test_the_scheduler_as_pid_1_stops_on_a_sigterm_that_came_while_it_started(
+    devcluster: Devcluster, scheduler_name: str, tmp_path: Path
+) -> None:
+    """A pod deleted right after its container (re)started: the scheduler, PID 1 in its own PID
+    namespace as in a container, gets SIGTERM while it still imports and starts. It must not
+    ignore it (a process that does runs on until the kubelet kills it, exit 137): it stops in
+    order as soon as it is up, and exits 0."""
+    log = tmp_path / "pid1.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            ["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-m", "scheduler",
+             "--kubeconfig", devcluster.kubeconfig, "--scheduler-name", scheduler_name,
+             "--http-host", "127.0.0.1", "--http-port", "0", "--log-format", "json"],
+            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+        )  # fmt: skip
+    try:
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+        child = eventually(lambda: children.read_text().split(), what="the scheduler's process")
+        os.kill(int(child[0]), signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the scheduler ignored a SIGTERM that came while it started; see {log}")
+    finally:
+        proc.kill()
+        proc.wait()
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    assert code == 0, log.read_text()[-2000:]
+    assert [line["event"] for line in lines][-1] == "stopped"
