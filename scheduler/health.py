@@ -41,7 +41,9 @@ async def serve(
     host: str, port: int, healthy: Probe, ready: Probe, registry: CollectorRegistry
 ) -> tuple[web.AppRunner, int]:
     """Start serving; returns the runner (call ``cleanup()`` to stop) and the bound port."""
-    runner = web.AppRunner(app(healthy, ready, registry), access_log=None)
+    # A probe or scrape in flight at the stop gets 2 s (aiohttp's default, 60 s, would outlast
+    # the pod's grace).
+    runner = web.AppRunner(app(healthy, ready, registry), access_log=None, shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

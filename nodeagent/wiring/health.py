@@ -137,7 +137,9 @@ async def serve(
     lists the pods to loopback callers only, unless ``status_pods``; ``/healthz`` and
     ``/readyz`` fail while ``notice_socket`` cannot be served."""
     application = app(endpoints, status_pods=status_pods, notice_socket=notice_socket)
-    runner = web.AppRunner(application, access_log=None)
+    # A probe or scrape in flight at the stop gets 2 s (aiohttp's default, 60 s, would outlast
+    # the pod's grace).
+    runner = web.AppRunner(application, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -84,7 +84,9 @@ async def serve(
     host: str, port: int, context: ssl.SSLContext, application: web.Application
 ) -> tuple[web.AppRunner, int]:
     """Start serving HTTPS; returns the runner (``cleanup()`` stops it) and the bound port."""
-    runner = web.AppRunner(application, access_log=None)
+    # On the way out, a request in flight gets 5 s, well inside the pod's grace (aiohttp's own
+    # default, 60 s, would outlast it).
+    runner = web.AppRunner(application, access_log=None, shutdown_timeout=5.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=context)
     await site.start()
