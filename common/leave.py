@@ -22,16 +22,18 @@ is up.
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import contextlib
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
-from types import FrameType
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:  # imported only for the types: hear_stop comes before any slow import
+    import asyncio
+    from collections.abc import Callable
+    from types import FrameType
 
 #: The signals that stop both programs.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)

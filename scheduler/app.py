@@ -18,7 +18,7 @@ from typing import Any
 import structlog
 
 from common import logs
-from common.leave import stop_on_signal
+from common.leave import stop_asked, stop_on_signal
 from scheduler import health
 from scheduler.cache import Cache
 from scheduler.cycle import Config
@@ -299,6 +299,8 @@ async def _serve(settings: CliSettings, program: _Program) -> None:
     webhook = await _start_webhook(settings, program.api)
     view = await _start_web_view(settings, program.feed)
     done = asyncio.Event()
+    if stop_asked():
+        log.info("stop_heard_while_starting", scheduler=program.name)
     stop_on_signal(asyncio.get_running_loop(), done.set)
     try:
         while not done.is_set():

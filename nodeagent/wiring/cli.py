@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import structlog
 
 from common import logs
-from common.leave import stop_on_signal
+from common.leave import stop_asked, stop_on_signal
 from common.values import parse_bool
 from contracts.names import REVOKING_TAINT
 from nodeagent.adapters import podresources
@@ -669,6 +669,8 @@ def clock_check() -> clock.ClockCheck:
 
 async def _until_signalled() -> None:
     stop = asyncio.Event()
+    if stop_asked():
+        log.info("stop_heard_while_starting")
     stop_on_signal(asyncio.get_running_loop(), stop.set)
     await stop.wait()
 

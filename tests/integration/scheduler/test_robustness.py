@@ -234,8 +234,11 @@ def test_the_scheduler_as_pid_1_stops_on_a_sigterm_that_came_while_it_started(
         )  # fmt: skip
     try:
         children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
-        child = eventually(lambda: children.read_text().split(), what="the scheduler's process")
-        os.kill(int(child[0]), signal.SIGTERM)
+        child = int(eventually(lambda: children.read_text().split(), interval=0.005, what="it")[0])
+        # The moment it can hear SIGTERM at all (no program hears one before its interpreter
+        # runs its first line), while its imports still take a second or more.
+        eventually(lambda: _catches(child, signal.SIGTERM), interval=0.005, what="a handler")
+        os.kill(child, signal.SIGTERM)
         try:
             code = proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
@@ -245,4 +248,14 @@ def test_the_scheduler_as_pid_1_stops_on_a_sigterm_that_came_while_it_started(
         proc.wait()
     lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
     assert code == 0, log.read_text()[-2000:]
-    assert [line["event"] for line in lines][-1] == "stopped"
+    events = [line["event"] for line in lines]
+    assert "stop_heard_while_starting" in events, events
+    assert events[-1] == "stopped"
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (its SigCgt mask)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False

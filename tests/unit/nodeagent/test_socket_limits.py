@@ -28,6 +28,7 @@ from devcluster.process import status_kib
 from nodeagent.core.events import PodUid
 from nodeagent.notify.server import NoticeService, SocketLimits
 from tests import figures
+from tests.unit.nodeagent import watch_flood
 from tests.unit.nodeagent.notice_socket import PODS, SocketAgent, identity
 from tests.unit.nodeagent.test_agent_faults import ROOT, lone_agent, until
 
@@ -76,7 +77,9 @@ async def test_3000_idle_socket_watches_stay_under_the_memory_limit_and_a_worker
         latency: float | None = None
         try:
             assert flood.stdout is not None
-            line = await asyncio.wait_for(asyncio.to_thread(flood.stdout.readline), 120)
+            line = await asyncio.wait_for(
+                asyncio.to_thread(flood.stdout.readline), watch_flood.ANSWER_SECONDS + 60
+            )
             report: dict[str, Any] = json.loads(line)
             held = rss(pid)
             lone.metadata.instance_action = {

@@ -22,9 +22,15 @@ from shoal_worker.protocol import rpc
 OWN_CONNECTION = (("grpc.use_local_subchannel_pool", 1),)
 
 
+#: Seconds each watch may take to be answered. All of them start at once, and this process's
+#: own gRPC poller opens the connections one by one: on a loaded machine the last of 3,000 once
+#: waited more than 60 s (NO_ANSWER) although the agent refused or accepted every one it got.
+ANSWER_SECONDS = 180
+
+
 async def answer(call: Any) -> tuple[str, str]:
     try:
-        await asyncio.wait_for(call.read(), 60)
+        await asyncio.wait_for(call.read(), ANSWER_SECONDS)
     except grpc.aio.AioRpcError as exc:
         return exc.code().name, str(exc.details())
     except TimeoutError:
