@@ -464,18 +464,11 @@ def kueue_preemptions(history: History) -> dict[str, int]:
     return dict(Counter(seen.values()))
 
 
-def _borrowed(queue: dict[str, Any]) -> int:
-    """The GPUs a ClusterQueue's status says it borrows from its cohort."""
-    return sum(
-        int(resource.get("borrowed") or 0)
-        for flavor in (queue.get("status") or {}).get("flavorsReservation") or []
-        for resource in flavor["resources"]
-        if resource["name"] == names.GPU_RESOURCE
-    )
-
-
 def borrowed_peak(history: History, queue: str) -> int:
-    return max((_borrowed(state[queue]) for state in history.states() if queue in state), default=0)
+    return max(
+        (kueue.borrowed_gpus(state[queue]) for state in history.states() if queue in state),
+        default=0,
+    )
 
 
 def _pct(values: Sequence[float], p: float) -> float | None:

@@ -836,6 +836,16 @@ def condition(workload: dict[str, Any], kind: str) -> dict[str, Any] | None:
     return None
 
 
+def borrowed_gpus(queue: dict[str, Any]) -> int:
+    """The GPUs a ClusterQueue's status says it borrows from its cohort."""
+    return sum(
+        int(resource.get("borrowed") or 0)
+        for flavor in (queue.get("status") or {}).get("flavorsReservation") or []
+        for resource in flavor["resources"]
+        if resource["name"] == names.GPU_RESOURCE
+    )
+
+
 def admitted(workload: dict[str, Any]) -> bool:
     found = condition(workload, "Admitted")
     return found is not None and found["status"] == "True"

@@ -94,16 +94,6 @@ def _preempted(history: History, reason: str) -> dict[str, dict[str, Any]]:
     return found
 
 
-def _borrowed(queue: dict[str, Any]) -> int:
-    """The GPUs a ClusterQueue's status says it borrows from its cohort."""
-    return sum(
-        int(resource.get("borrowed") or 0)
-        for flavor in (queue.get("status") or {}).get("flavorsReservation") or []
-        for resource in flavor["resources"]
-        if resource["name"] == names.GPU_RESOURCE
-    )
-
-
 def _held(state: State, jobs: set[str]) -> int:
     return sum(
         kueue.gpus_of(pod)
@@ -190,7 +180,7 @@ def _story(
     borrower_queue = queues.cluster_queues[BORROWER]
     eventually(
         lambda: any(
-            _borrowed(state[borrower_queue]) == BORROWING_LIMIT
+            kueue.borrowed_gpus(state[borrower_queue]) == BORROWING_LIMIT
             for state in queue_history.states()
             if borrower_queue in state
         ),
