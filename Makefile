@@ -60,9 +60,15 @@ integration: devcluster browser faketime slurm
 # costly fixture runs on one worker; the tests that took longest in the last run start first
 # (tests/conftest.py, from pytest's cache); the ten slowest are printed at the end (pyproject's
 # --durations=10). TEST_WORKERS=0 runs them in one process.
+# The run's temporary folders (devclusters, logs) go in TEST_TMP, one per checkout, emptied when
+# the next run in the same checkout starts: in pytest's shared /tmp/pytest-of-USER, a pytest
+# session ending deletes all but the last three sessions' folders, even one still in use, so a
+# second run on the machine (another checkout's make test, a focused pytest) deleted this one's
+# devclusters under it. The failures of the last run stay there to read.
 TEST_WORKERS ?= 4
+TEST_TMP ?= /tmp/shoal-tests-$(shell printf '%s' '$(CURDIR)' | cksum | cut -d' ' -f1)
 test: lint devcluster browser faketime slurm images
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --basetemp=$(TEST_TMP)
 
 demo: devcluster
 	$(PY) -m demo

@@ -49,7 +49,19 @@ def test_every_workers_figures_are_printed_and_saved(tmp_path: Path) -> None:
     env = {**os.environ, "SHOAL_RELIABILITY_OUT": str(out)}
     env.pop("PYTEST_XDIST_WORKER", None)
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", "tests"],
+        # Its own temporary folder: a session in pytest's shared one would delete the folders
+        # of other sessions on the machine when it ends (the Makefile's TEST_TMP).
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-n",
+            "2",
+            "-p",
+            "no:cacheprovider",
+            f"--basetemp={tmp_path / 'run'}",
+            "tests",
+        ],
         cwd=tmp_path,
         env=env,
         capture_output=True,
