@@ -38,7 +38,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -58,6 +57,7 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from contracts import names
 from devcluster import build, cluster, nodes, process
+from devcluster.ports import free_port
 
 WORKLOADS = {
     # name: (gangs, members, gpus per pod)
@@ -251,12 +251,6 @@ class NodeHealth:
             return {"node_updates": self.updates, "nodes_unusable_max": self.peak}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _wait_ready(url: str, what: str, timeout: float = 120) -> None:
     """Until ``url`` answers 200: the scheduler has listed the cluster (warm before the clock)."""
     tls = ssl.create_default_context()
@@ -343,7 +337,7 @@ def run_one(  # noqa: C901, PLR0915 - one benchmark run as one script: start, lo
         pid = next(p.pid for p in handle.procs if p.name == "kube-scheduler")
         _wait_ready(f"https://127.0.0.1:{handle.ports['scheduler']}/readyz", kind)
     elif kind == "shoal":
-        port = _free_port()
+        port = free_port()
         argv = _shoal_argv(handle, scheduler_name, port, args)
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         _wait_ready(f"http://127.0.0.1:{port}/readyz", kind)

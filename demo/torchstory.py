@@ -22,7 +22,6 @@ import contextlib
 import itertools
 import json
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -36,6 +35,7 @@ from kubernetes import client, config
 from contracts import names
 from demo.scenario import HIGH, NAMESPACE, Demo, Options, Show
 from devcluster import cluster
+from devcluster.ports import free_port
 from fakes.runtime import Runtime
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,7 +162,7 @@ class TorchDemo(Demo):
         # Short: a unix socket's path has at most 107 bytes.
         self.root = Path(tempfile.mkdtemp(prefix="shoal-demo-"))
         self.runtimes: list[Runtime] = []
-        self.webhook_port = _free_port()
+        self.webhook_port = free_port()
         self.store: Any = None
         self.causes: list[tuple[float, str]] = []
         self.records_path = options.out / "train.jsonl"
@@ -561,9 +561,3 @@ class TorchDemo(Demo):
             "steps_lost": sum(c.lost for c in found),
             "changes": [c.row() for c in found],
         }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

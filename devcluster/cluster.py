@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import json
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from devcluster import pki, process, realnode
+from devcluster import pki, ports, process, realnode
 from devcluster.errors import NotRunningError, StartError
 from devcluster.process import Proc
 
@@ -181,17 +180,9 @@ class Cluster:
 
 
 def free_ports(names: list[str]) -> dict[str, int]:
-    """Distinct free loopback ports, all held open until every one is chosen."""
-    held: list[socket.socket] = []
-    try:
-        for _ in names:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            held.append(sock)
-        return {name: sock.getsockname()[1] for name, sock in zip(names, held, strict=True)}
-    finally:
-        for sock in held:
-            sock.close()
+    """Distinct free loopback ports, all held open until every one is chosen
+    (:mod:`devcluster.ports`)."""
+    return dict(zip(names, ports.free_ports(len(names)), strict=True))
 
 
 def _tls_context(run_dir: Path) -> ssl.SSLContext:

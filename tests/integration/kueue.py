@@ -38,7 +38,6 @@ import ipaddress
 import os
 import random
 import shutil
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -61,6 +60,7 @@ from kubernetes.client.exceptions import ApiException
 
 from contracts import names
 from devcluster import cluster, process, tools
+from devcluster.ports import free_port
 from tests.integration.conftest import Devcluster
 from tests.integration.history import History, State
 from tests.integration.reliability.owncluster import own_devcluster
@@ -127,12 +127,6 @@ def _run(argv: list[str], *, check: bool = True) -> subprocess.CompletedProcess[
     if check and result.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}): {result.stderr}")
     return result
-
-
-def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -448,7 +442,7 @@ class Kueue:
         (a collision in the service range) is given back for another."""
         core = self.devcluster.core()
         [port] = service["spec"]["ports"]
-        self.webhook_port = _free_port(self.network.host_ip)
+        self.webhook_port = free_port(self.network.host_ip)
         for _ in range(5):
             _create(self.devcluster.api, service)
             ip = core.read_namespaced_service(SERVICE, NAMESPACE).spec.cluster_ip
@@ -463,7 +457,7 @@ class Kueue:
             "kind": "Configuration",
             "namespace": NAMESPACE,
             "health": {"healthProbeBindAddress": f"127.0.0.1:{self.probe_port}"},
-            "metrics": {"bindAddress": f"127.0.0.1:{_free_port()}"},
+            "metrics": {"bindAddress": f"127.0.0.1:{free_port()}"},
             "webhook": {
                 "host": self.network.host_ip,
                 "port": self.webhook_port,
@@ -488,7 +482,7 @@ class Kueue:
         self.install()
         cert_dir = self.log_dir / "serving-certs"
         self.mount = SecretMount(self.devcluster.kubeconfig, NAMESPACE, SECRET, cert_dir).start()
-        self.probe_port = _free_port()
+        self.probe_port = free_port()
         config_file = self.log_dir / "kueue-config.yaml"
         config_file.write_text(yaml.safe_dump(self.configuration(cert_dir)))
         self.log = self.log_dir / f"{NAME}.log"

@@ -10,7 +10,6 @@ import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -28,6 +27,7 @@ from packaging.requirements import Requirement
 from shoal_worker import LeaveNotice, NoticeClient, NoticeRefused, PodIdentity
 
 from contracts import names
+from devcluster.ports import free_port
 from fakes.clouds import CLOUDS, Alibaba, Aws, Azure, Cloud, Gcp, NoCloud
 from tests import waiting
 
@@ -46,12 +46,6 @@ HOLD = "shoal.dev/test-hold"
 def eventually(probe: Callable[[], T | None], *, timeout: float = 45, what: str = "") -> T:
     """:func:`tests.waiting.eventually`, polling every 0.1 s (notices are fast)."""
     return waiting.eventually(probe, timeout=timeout, interval=0.1, what=what)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 #: What Dockerfile.agent sets for the agent beyond paths (tests/unit/test_dockerfiles.py checks).

@@ -34,10 +34,11 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from contracts import names
+from devcluster.ports import free_port
 from scheduler.k8s import lease
 from tests import figures
 from tests.integration.reliability.forked import Zygote
-from tests.integration.scheduler.conftest import ROOT, Pods, Pool, SchedulerProcess, _free_port
+from tests.integration.scheduler.conftest import ROOT, Pods, Pool, SchedulerProcess
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.reliability
@@ -210,7 +211,7 @@ def _churn(ledger: Ledger, bound: dict[str, list[str]], rng: random.Random, seri
 def _restart(scheduler: SchedulerProcess, zygote: Zygote) -> None:
     """``scheduler.start(wait=False)``, the process forked from ``zygote``: the same arguments, a
     new port and a log file of its own."""
-    scheduler.port = _free_port()
+    scheduler.port = free_port()
     log = scheduler.log_dir / f"{scheduler.name}-{uuid.uuid4().hex[:6]}.log"
     scheduler.logs.append(log)
     argv = [

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -23,6 +22,7 @@ from kubernetes.client.exceptions import ApiException
 
 from contracts import gputopology, names
 from devcluster import nodes
+from devcluster.ports import free_port
 from tests.integration.conftest import Devcluster
 from tests.waiting import eventually
 
@@ -83,12 +83,6 @@ def ensure_priority_class(devcluster: Devcluster, name: str, value: int) -> None
             raise
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass
 class SchedulerProcess:
     """``python -m scheduler`` as a user runs it, with its own name and log file."""
@@ -103,7 +97,7 @@ class SchedulerProcess:
 
     def start(self, *, wait: bool = True) -> SchedulerProcess:
         """Start the process; with ``wait`` (the default) return once /readyz answers 200."""
-        self.port = _free_port()
+        self.port = free_port()
         path = self.log_dir / f"{self.name}-{uuid.uuid4().hex[:6]}.log"
         self.logs.append(path)
         log = path.open("wb")

@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 
 from contracts import names
+from devcluster.ports import free_port
 from tests.integration.scheduler.browser import Chromium, binary
 from tests.integration.scheduler.conftest import (
     ROOT,
     Pods,
     Pool,
     SchedulerProcess,
-    _free_port,
     ensure_priority_class,
 )
 from tests.integration.scheduler.test_kubectl_shoal import notice_on
@@ -84,7 +84,7 @@ def test_the_page_follows_a_scenario_live(
     ns, devcluster = pods.namespace, pods.devcluster
     ensure_priority_class(devcluster, "shoal-test-high", 100000)
     first, second = pool.add(2, gpus=8, island_size=4)
-    port = _free_port()
+    port = free_port()
     # Victims are asked to leave and given ten minutes: the page shows them leaving until the
     # test deletes them, as their workers would after saving.
     start_scheduler("--web-view", str(port), "--reclaim-grace", "600")

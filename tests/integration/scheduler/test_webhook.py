@@ -19,8 +19,9 @@ import yaml
 from kubernetes import client
 
 from contracts import names
+from devcluster.ports import free_port
 from tests.integration.conftest import Devcluster
-from tests.integration.scheduler.conftest import SchedulerProcess, _free_port
+from tests.integration.scheduler.conftest import SchedulerProcess
 from tests.waiting import eventually
 
 CONTAINER = {"name": "trainer", "image": "registry.example.com/train:1"}
@@ -36,7 +37,7 @@ class Webhook:
         self.namespace = namespace
         self.scheduler = scheduler
         self.config = f"{scheduler}-webhook"
-        self.port = _free_port()
+        self.port = free_port()
         self.admission = client.AdmissionregistrationV1Api(devcluster.api)
         self.admission.create_mutating_webhook_configuration(self.configuration())
         self.process: SchedulerProcess = start(

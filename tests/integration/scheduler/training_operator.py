@@ -22,7 +22,6 @@ import datetime
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import urllib.error
@@ -33,6 +32,7 @@ from pathlib import Path
 from kubernetes.client.exceptions import ApiException
 
 from devcluster import tools
+from devcluster.ports import free_port
 from scheduler.webhook import certs
 from tests.integration.conftest import Devcluster
 from tests.integration.scheduler.conftest import apply_crd
@@ -56,12 +56,6 @@ def apply_crds(devcluster: Devcluster) -> None:
     folder = tools.module_dir(NAME) / "manifests" / "base" / "crds"
     for name in CRDS:
         apply_crd(devcluster, folder / name)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _serving_pair() -> None:
@@ -103,7 +97,7 @@ class TrainingOperator:
             if exc.status != 409:
                 raise
         _serving_pair()
-        self.probe_port = _free_port()
+        self.probe_port = free_port()
         self.log = self.log_dir / f"{NAME}.log"
         command = [
             str(binary()),
@@ -115,11 +109,11 @@ class TrainingOperator:
             self.namespace,
             *(f"--enable-scheme={scheme}" for scheme in SCHEMES),
             "--metrics-bind-address",
-            f"127.0.0.1:{_free_port()}",
+            f"127.0.0.1:{free_port()}",
             "--health-probe-bind-address",
             f"127.0.0.1:{self.probe_port}",
             "--webhook-server-port",
-            str(_free_port()),
+            str(free_port()),
             "--webhook-secret-name",
             SECRET,
             "--zap-devel=false",

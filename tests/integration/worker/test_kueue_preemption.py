@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 from collections.abc import Callable, Collection, Iterator
@@ -36,6 +35,7 @@ pytest.importorskip("torch")
 from shoal_worker.distributed import latest_checkpoint
 
 from contracts import names
+from devcluster.ports import free_port
 from fakes.runtime import Runtime
 from tests import figures
 from tests.integration import kueue
@@ -78,12 +78,6 @@ def runtime_root() -> Iterator[Path]:
     root = Path(tempfile.mkdtemp(prefix="shoal-kq-"))
     yield root
     shutil.rmtree(root, ignore_errors=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def trainer_job(pods: Pods, queue: str, job: Job, port: int) -> dict[str, Any]:
@@ -204,7 +198,7 @@ def _story(
 ) -> None:
     devcluster, namespace = pods.devcluster, pods.namespace
     train = devcluster.batch().create_namespaced_job(
-        namespace, trainer_job(pods, queue, job, _free_port())
+        namespace, trainer_job(pods, queue, job, free_port())
     )
     eventually(
         lambda: [r for r in job.records("step") if r["world"] == WORKERS and r["step"] >= 3],
