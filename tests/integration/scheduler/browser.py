@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import itertools
 import json
+import os
+import signal
 import subprocess
 import tempfile
 import threading
@@ -50,6 +53,7 @@ class Chromium:
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                start_new_session=True,  # its helpers are stopped with it (close)
             )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -136,6 +140,10 @@ class Chromium:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait(timeout=10)
+            # Chromium's helper processes outlive it for a moment and still write to the
+            # profile: removing it under them failed with "Directory not empty" (a loaded run).
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
             self._profile.cleanup()
 
 
