@@ -46,6 +46,14 @@ def options(**extra: object) -> cluster.Options:
     )
 
 
+#: A test that starts a real-node cluster first waits for the machine, up to
+#: ``realnode.claim_machine``'s 30 minutes, while another run's real nodes hold it (one at a time:
+#: /var/lib/kubelet); that wait falls within the first test's time. Each real-node module sets
+#: this timeout (pytestmark): the suite's 600 s plus the wait. A run beside another timed out
+#: after 600 s in the wait.
+TIMEOUT_WITH_MACHINE_WAIT = 600 + 1800
+
+
 @pytest.fixture(scope="module")
 def real_cluster(tmp_path_factory: pytest.TempPathFactory, bin_dir: Path) -> Iterator[Devcluster]:
     """One per module: a machine holds one kubelet at a time (/var/lib/kubelet), so each
