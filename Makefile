@@ -60,17 +60,19 @@ integration: devcluster browser faketime slurm
 # costly fixture runs on one worker; the tests that took longest in the last run start first
 # (tests/conftest.py, from pytest's cache); the ten slowest are printed at the end (pyproject's
 # --durations=10). TEST_WORKERS=0 runs them in one process.
-# Each run's temporary folders (devclusters, logs) go in a folder of their own, named by the time
-# it started, in TEST_TMP, one per checkout, which keeps the last three runs (newest last in `ls`):
-# in pytest's shared /tmp/pytest-of-USER, a session ending deletes all but the last three
+# Each run's temporary folders (devclusters, logs) go in a folder of its own, TEST_TMP-<time it
+# started>, TEST_TMP naming the checkout; the last three runs of a checkout are kept (newest last
+# in `ls`). In pytest's shared /tmp/pytest-of-USER, a session ending deletes all but the last three
 # sessions' folders, even one still in use, so a second run on the machine (another checkout's
 # make test, a focused pytest) deleted this one's devclusters under it. A new folder per run also
-# starts clean whatever an interrupted run left (a mount pytest could not remove).
+# starts clean whatever an interrupted run left (a mount pytest could not remove). The name is
+# short: unix sockets under it (the demo's, about 70 characters below it) must stay within 107
+# bytes.
 TEST_WORKERS ?= 4
-TEST_TMP ?= /tmp/shoal-tests-$(shell printf '%s' '$(CURDIR)' | cksum | cut -d' ' -f1)
+TEST_TMP ?= /tmp/shoal-$(shell printf '%s' '$(CURDIR)' | md5sum | cut -c1-4)
 test: lint devcluster browser faketime slurm images
-	@mkdir -p $(TEST_TMP) && ls -1d $(TEST_TMP)/*/ 2>/dev/null | sort | head -n -2 | xargs -r rm -rf || true
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --basetemp=$(TEST_TMP)/$$(date +%s)
+	@ls -1d $(TEST_TMP)-*/ 2>/dev/null | sort | head -n -2 | xargs -r rm -rf || true
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --basetemp=$(TEST_TMP)-$$(date +%s)
 
 demo: devcluster
 	$(PY) -m demo
