@@ -806,10 +806,12 @@ def existing_fixed_paths() -> set[str]:
 #: host paths, containerd's, CNI's and the agent's folders. This file names the run folder of
 #: the cluster that holds the machine (and the process that claimed it).
 MACHINE_CLAIM: Final = Path("/run/shoal-devcluster-real-nodes.json")
+#: How long a cluster waits for another's real nodes to leave the machine, in seconds.
+MACHINE_WAIT: Final = 1800.0
 _CLAIM_LOCK: Final = Path("/run/shoal-devcluster-real-nodes.lock")
 
 
-def claim_machine(run_dir: Path, *, timeout: float = 1800.0, say: Say = _say) -> None:
+def claim_machine(run_dir: Path, *, timeout: float = MACHINE_WAIT, say: Say = _say) -> None:
     """Wait until no other devcluster's real nodes run on this machine, then hold it for
     ``run_dir`` until :func:`release_machine`. A holder is gone once the process that claimed
     it and every process of its real nodes have exited (a run killed before ``down``)."""

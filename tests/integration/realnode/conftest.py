@@ -46,12 +46,16 @@ def options(**extra: object) -> cluster.Options:
     )
 
 
-#: A test that starts a real-node cluster first waits for the machine, up to
-#: ``realnode.claim_machine``'s 30 minutes, while another run's real nodes hold it (one at a time:
-#: /var/lib/kubelet); that wait falls within the first test's time. Each real-node module sets
-#: this timeout (pytestmark): the suite's 600 s plus the wait. A run beside another timed out
-#: after 600 s in the wait.
-TIMEOUT_WITH_MACHINE_WAIT = 600 + 1800
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that starts a real-node cluster first waits for the machine, up to
+    :data:`realnode.MACHINE_WAIT`, while another run's real nodes hold it (one at a time:
+    /var/lib/kubelet); that wait falls within the first test's time, so each real-node test gets
+    the suite's timeout plus the wait. A run beside another timed out after 600 s in the wait."""
+    folder = Path(__file__).parent
+    limit = float(config.getini("timeout") or 0) + realnode.MACHINE_WAIT
+    for item in items:
+        if item.path.is_relative_to(folder) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(limit))
 
 
 @pytest.fixture(scope="module")

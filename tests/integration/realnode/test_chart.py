@@ -22,10 +22,8 @@ from devcluster import realnode, tools
 from fakes.metadata import Threaded
 from fakes.node_metadata import HostAwsMetadata
 from tests.integration.conftest import Devcluster
-from tests.integration.realnode.conftest import AGENT_IMAGE, NODE, TIMEOUT_WITH_MACHINE_WAIT
+from tests.integration.realnode.conftest import AGENT_IMAGE, NODE
 from tests.waiting import eventually
-
-pytestmark = pytest.mark.timeout(TIMEOUT_WITH_MACHINE_WAIT)
 
 ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "shoal"

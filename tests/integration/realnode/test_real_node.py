@@ -15,16 +15,8 @@ from kubernetes import client, config
 
 from devcluster import cluster, realnode
 from tests.integration.conftest import Devcluster
-from tests.integration.realnode.conftest import (
-    AGENT_IMAGE,
-    NODE,
-    TIMEOUT_WITH_MACHINE_WAIT,
-    options,
-    skip_reason,
-)
+from tests.integration.realnode.conftest import AGENT_IMAGE, NODE, options, skip_reason
 from tests.waiting import eventually
-
-pytestmark = pytest.mark.timeout(TIMEOUT_WITH_MACHINE_WAIT)
 
 #: Runs as the pod: reads the API server through the Service's ClusterIP with its own token,
 #: records each step in the hostPath folder and leaves on SIGTERM.
