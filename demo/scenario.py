@@ -42,6 +42,9 @@ TICK = 0.5  # seconds per training step
 #: At least this long between the two jobs' checkpoints before the reclaim (the progress
 #: annotation's times are whole seconds): the reclaim's choice is then not a near tie.
 CHECKPOINT_GAP = 6.0
+#: How long ``kubectl shoal gangs`` may take to answer before the demo calls it hung (a second or
+#: two on a quiet machine; over a minute once on one loaded by two test runs).
+ANSWER_WITHIN = 180
 
 
 class ExpectationFailed(Exception):
@@ -268,11 +271,11 @@ class Demo:
             stderr=asyncio.subprocess.STDOUT,
         )
         try:
-            out, _ = await asyncio.wait_for(proc.communicate(), 60)
+            out, _ = await asyncio.wait_for(proc.communicate(), ANSWER_WITHIN)
         except TimeoutError:
             proc.kill()
             await proc.wait()
-            out = b"(no answer in 60 s)\n"
+            out = f"(no answer in {ANSWER_WITHIN} s)\n".encode()
         text = out.decode(errors="replace")
         path = folder / f"{len(self.views) + 1:02d}-{slug}.txt"
         path.write_text(text)

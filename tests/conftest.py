@@ -6,9 +6,11 @@ controller when it finishes (``workeroutput``), and the controller prints and sa
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import re
+import shutil
 import tempfile
 from typing import Any
 
@@ -20,10 +22,11 @@ FIGURES_KEY = "shoal_reliability_figures"
 
 # Node agents that tests run as host processes keep their pod file in a folder of this test
 # process, never in the default /var/lib/shoal-agent: that is the real node's hostPath, and an
-# agent run as root there leaves a file the real node's agent (uid 65532) cannot read.
-os.environ.setdefault(
-    "SHOAL_STATE_DIR", tempfile.mkdtemp(prefix=f"shoal-agent-state-{os.getpid()}-")
-)
+# agent run as root there leaves a file the real node's agent (uid 65532) cannot read. The folder
+# goes when this process ends (once, every pytest process of every run left one in /tmp).
+if "SHOAL_STATE_DIR" not in os.environ:
+    os.environ["SHOAL_STATE_DIR"] = tempfile.mkdtemp(prefix=f"shoal-agent-state-{os.getpid()}-")
+    atexit.register(shutil.rmtree, os.environ["SHOAL_STATE_DIR"], ignore_errors=True)
 #: Folders whose tests share one costly session fixture (set up again by every worker that
 #: draws one of them): each runs on one worker. The real node: a kubelet, containerd and the
 #: images, which the machine holds once; the Slurm cluster, started once for its folder.

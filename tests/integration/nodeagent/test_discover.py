@@ -52,7 +52,8 @@ def test_discovery_lists_only_hosts_that_can_keep_training(
                 ],
                 capture_output=True,
                 text=True,
-                timeout=60,
+                # A hang, not a slow start: a loaded machine once took this past a minute.
+                timeout=300,
                 check=True,
             )
             return out.stdout.split()

@@ -4,6 +4,7 @@ delete, and ``down`` leaves nothing of the node behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -139,7 +140,9 @@ def test_down_leaves_nothing_of_a_real_node_behind(bin_dir: Path, tmp_path: Path
     run_dir = tmp_path / "cluster"
     stale = Path("/var/lib/shoal-agent/pods.json")
     stale.parent.mkdir(parents=True, exist_ok=True)
-    earlier = '{"node": "real-0", "pods": [], "version": 1, "earlier": true}'
+    # This test's own: another run on this machine, waiting for the machine while this cluster
+    # starts, writes its own earlier file, which is no file this cluster kept.
+    earlier = json.dumps({"node": "real-0", "pods": [], "version": 1, "earlier": str(tmp_path)})
     stale.write_text(earlier)
     before = _snapshot(run_dir)
     host_netns = _host_pod_netns()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import io
 import math
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -32,10 +31,9 @@ SCALARS = st.one_of(
 KEYS = st.sampled_from([o.name for o in OPTIONS] + [o.attr for o in OPTIONS] + ["bogus"])
 
 
-def test_scheduler_config_file() -> None:
+def test_scheduler_config_file(tmp_path: Path) -> None:
     cases = Cases("scheduler config file")
-    folder = Path(tempfile.mkdtemp(prefix="shoal-fuzz-"))
-    conf = folder / "scheduler.yaml"
+    conf = tmp_path / "scheduler.yaml"
 
     @search(800)
     @given(

@@ -1,7 +1,7 @@
 """The notice socket under a runaway or hostile caller: watches are capped in total and per pod
 (refused with ``RESOURCE_EXHAUSTED``, which the client library reports as :class:`AgentBusy`),
 connections are capped, a reader that falls behind is dropped, and the memory a flood took is
-handed back once it is gone. Meanwhile a real worker still hears its notice at once.
+handed back once it is gone. Meanwhile a real worker still hears its notice while the flood holds.
 
 It was: every watch accepted, about 41 KiB each, none of it returned; some 1,650 watches took
 the agent past the DaemonSet's 128 MiB limit."""
@@ -38,6 +38,8 @@ FLOOD = 3000
 #: The DaemonSet's memory limit (manifests/agent/daemonset.yaml).
 LIMIT_KIB = 128 * 1024
 MIB = 1024
+#: How long after the notice is posted the worker must have heard it, the flood still held.
+HEARD_WITHIN = 30
 
 
 def rss(pid: int) -> int:
@@ -88,7 +90,10 @@ async def test_3000_idle_socket_watches_stay_under_the_memory_limit_and_a_worker
             }
             posted = time.monotonic()
             with contextlib.suppress(TimeoutError):
-                told = await asyncio.wait_for(anext(watch), 2)
+                # Heard while the flood still holds its watches (a quarter of the notice's lead;
+                # about a second on a quiet machine, the figure below): an agent the flood
+                # starved would tell the worker only once the flood is gone.
+                told = await asyncio.wait_for(anext(watch), HEARD_WITHIN)
                 assert told.leave
                 latency = time.monotonic() - posted
             peak = status_kib(pid, "VmHWM") or 0
@@ -125,7 +130,7 @@ async def test_3000_idle_socket_watches_stay_under_the_memory_limit_and_a_worker
         figures.record("notice socket flood", f"watches refused {code}", count)
     figures.record("notice socket flood", "worker notified (s)", latency)
     assert peak < LIMIT_KIB, f"peak {peak} KiB"
-    assert latency is not None, "the worker did not hear its notice within 2 s"
+    assert latency is not None, f"the worker did not hear its notice within {HEARD_WITHIN} s"
     # The pod's own cap: the rest are refused with a status that says why.
     assert report["accepted"] == SocketLimits().watches_per_pod
     assert refused.get("RESOURCE_EXHAUSTED", 0) > 0
