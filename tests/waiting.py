@@ -22,6 +22,14 @@ import pytest
 
 T = TypeVar("T")
 
+#: How long a program the test starts (the scheduler, the agent, a CLI) may take to be ready, or
+#: to start and refuse its input: a hang detector, not a bound on speed. Seconds on a quiet
+#: machine; over a minute when another test run shares the 2 cores (load average 13-20).
+STARTS_WITHIN = 300
+#: pytest-timeout for a test that trains a real model (torch ranks in pods or Slurm steps): 3-5
+#: minutes on a quiet 2-core machine, past the suite's 600 s beside another test run.
+TRAINING_TIMEOUT = 1500
+
 
 def poll(probe: Callable[[], T | None], *, timeout: float, interval: float = 0.25) -> T | None:
     """Call ``probe`` every ``interval`` s until it returns something truthy (returned), or

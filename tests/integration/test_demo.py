@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.waiting import eventually
+from tests.waiting import TRAINING_TIMEOUT, eventually
 
 LIVE_VIEW = "Live view: "
 
@@ -84,8 +84,7 @@ def gangs_bound(out: Path, summary: dict[str, Any]) -> dict[str, dict[str, int]]
     return found
 
 
-# Real torch training on 2 cores: about 200 s quiet, past the suite's 600 s at a load of 25.
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(TRAINING_TIMEOUT)
 def test_the_torch_story_stops_every_rank_at_one_step_and_loses_nothing(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     summary = run_demo(tmp_path / "demo")

@@ -32,14 +32,11 @@ from nodeagent.wiring import cli as agent_cli
 from nodeagent.wiring import health
 from scheduler import settings as scheduler_settings
 from tests.unit.nodeagent.notice_socket import PODS, SocketAgent
+from tests.waiting import STARTS_WITHIN
 
 pytestmark = pytest.mark.reliability
 
 ROOT = Path(__file__).resolve().parents[2]
-#: How long a program may take to start, or to start and refuse its kubeconfig: seconds on a quiet
-#: machine, minutes on one loaded by another test run (a run's last minutes, its busiest, once
-#: took this past a minute).
-STARTS_WITHIN = 300
 #: Letters only, so that no window of it turns up in a timestamp or a path by chance.
 TOKEN = "tKnZqWvXrPyLmHsJdGfBcNaQeRuTiOpLkJhGfDsA"
 

@@ -160,9 +160,17 @@ class AgentProcess:
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
         if until_ready:
-            eventually(self.ready, timeout=60, what=f"the agent to be ready ({self.log_path})")
+            eventually(
+                self.ready,
+                timeout=waiting.STARTS_WITHIN,
+                what=f"the agent to be ready ({self.log_path})",
+            )
         else:
-            eventually(self.live, timeout=60, what=f"the agent to be live ({self.log_path})")
+            eventually(
+                self.live,
+                timeout=waiting.STARTS_WITHIN,
+                what=f"the agent to be live ({self.log_path})",
+            )
 
     def get(self, path: str) -> tuple[int, dict[str, Any]]:
         try:

@@ -9,6 +9,7 @@ from typing import Any
 
 from contracts import names
 from devcluster import nodes
+from tests import waiting
 from tests.integration.conftest import Devcluster
 from tests.integration.nodeagent.harness import eventually, release, worker_pod
 
@@ -52,8 +53,7 @@ def test_discovery_lists_only_hosts_that_can_keep_training(
                 ],
                 capture_output=True,
                 text=True,
-                # A hang, not a slow start: a loaded machine once took this past a minute.
-                timeout=300,
+                timeout=waiting.STARTS_WITHIN,
                 check=True,
             )
             return out.stdout.split()

@@ -24,7 +24,7 @@ from contracts import gputopology, names
 from devcluster import nodes
 from devcluster.ports import free_port
 from tests.integration.conftest import Devcluster
-from tests.waiting import eventually
+from tests.waiting import STARTS_WITHIN, eventually
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[3]
@@ -127,7 +127,11 @@ class SchedulerProcess:
         )
         log.close()
         if wait:
-            eventually(lambda: self.get("/readyz")[0] == 200, what=f"{self.name} /readyz")
+            eventually(
+                lambda: self.get("/readyz")[0] == 200,
+                timeout=STARTS_WITHIN,
+                what=f"{self.name} /readyz",
+            )
         return self
 
     def get(self, path: str) -> tuple[int, str]:

@@ -59,7 +59,7 @@ import pytest
 from fakes import metadata
 from fakes.clouds import Cloud
 from slurmcluster import cluster, install
-from tests.waiting import eventually
+from tests.waiting import STARTS_WITHIN, eventually
 
 #: The checkout: jobs and agents import the project from it (``PYTHONPATH``).
 CHECKOUT = Path(__file__).resolve().parents[3]
@@ -242,7 +242,9 @@ class SlurmAgent:
 
     def wait_ready(self) -> None:
         eventually(
-            self.ready, timeout=60, what=f"the agent on {self.node.name} ready ({self.log_path})"
+            self.ready,
+            timeout=STARTS_WITHIN,
+            what=f"the agent on {self.node.name} ready ({self.log_path})",
         )
 
     def ready(self) -> bool:

@@ -47,7 +47,9 @@ from tests.integration.slurm.conftest import (
     sbatch,
 )
 from tests.unit.worker.torchjob import Job
-from tests.waiting import eventually
+from tests.waiting import TRAINING_TIMEOUT, eventually
+
+pytestmark = pytest.mark.timeout(TRAINING_TIMEOUT)
 
 SECTION = "torchrun on Slurm"
 NODES = ("sn0", "sn1", "sn2")

@@ -58,10 +58,13 @@ from tests.integration.scheduler.conftest import (
     ensure_priority_class,
 )
 from tests.unit.worker.torchjob import ROOT, Job
-from tests.waiting import eventually
+from tests.waiting import TRAINING_TIMEOUT, eventually
 
 _UNAVAILABLE = kueue.unavailable()
-pytestmark = pytest.mark.skipif(_UNAVAILABLE is not None, reason=_UNAVAILABLE or "")
+pytestmark = [
+    pytest.mark.skipif(_UNAVAILABLE is not None, reason=_UNAVAILABLE or ""),
+    pytest.mark.timeout(TRAINING_TIMEOUT),
+]
 
 SECTION = "torchrun under Kueue"
 TRAIN, URGENT = "train", "urgent"

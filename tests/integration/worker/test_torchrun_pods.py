@@ -28,7 +28,7 @@ from contracts import names
 from fakes import metadata
 from fakes.clouds import Aws
 from fakes.runtime import Runtime
-from tests import figures
+from tests import figures, waiting
 from tests.integration.history import History
 from tests.integration.nodeagent.harness import AgentProcess, eventually
 from tests.integration.scheduler.conftest import (
@@ -39,6 +39,8 @@ from tests.integration.scheduler.conftest import (
 )
 from tests.integration.scheduler.test_webhook import Webhook
 from tests.unit.worker.torchjob import ROOT, Job, rendezvous_store
+
+pytestmark = pytest.mark.timeout(waiting.TRAINING_TIMEOUT)
 
 SECTION = "torchrun pods"
 PODS = ["train-0", "train-1", "train-2"]

@@ -29,7 +29,7 @@ from contracts import names
 from fakes import metadata
 from fakes.clouds import Aws
 from fakes.runtime import Runtime
-from tests import figures
+from tests import figures, waiting
 from tests.integration.conftest import Devcluster, token_kubeconfig
 from tests.integration.history import History, State
 from tests.integration.nodeagent.harness import AgentProcess, eventually
@@ -40,6 +40,8 @@ from tests.integration.worker.test_torchrun_pods import (  # noqa: F401 (fixture
     servers,
 )
 from tests.unit.worker.torchjob import ROOT, rendezvous_store
+
+pytestmark = pytest.mark.timeout(waiting.TRAINING_TIMEOUT)
 
 SECTION = "torchrun stages"
 EXAMPLE = ROOT / "worker" / "examples" / "stages"
