@@ -66,7 +66,7 @@ from tests.integration.history import History, State
 from tests.integration.reliability.owncluster import own_devcluster
 from tests.integration.scheduler import training_operator
 from tests.integration.scheduler.conftest import KWOK_TOLERATION, TEST_LABEL, Pods, Pool
-from tests.waiting import eventually, poll
+from tests.waiting import STARTS_WITHIN, eventually, poll
 
 NAME: Final = "kueue"
 #: Where the release installs Kueue (its kustomization's ``namespace``).
@@ -500,7 +500,7 @@ class Kueue:
             self.log,
             die_with_parent=True,
         )
-        eventually(self._ready, timeout=120, what=f"{NAME} /readyz (log: {self.log})")
+        eventually(self._ready, timeout=STARTS_WITHIN, what=f"{NAME} /readyz (log: {self.log})")
         if not poll(self._webhooks_answer, timeout=90):
             pytest.fail(
                 f"the API server never reached Kueue's webhooks; it last said "

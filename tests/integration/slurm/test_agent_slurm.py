@@ -30,7 +30,7 @@ from tests.integration.slurm.conftest import (
     node_info,
     sbatch,
 )
-from tests.waiting import eventually
+from tests.waiting import STARTS_WITHIN, eventually
 
 NODE = "sn1"
 
@@ -84,7 +84,7 @@ def test_a_spot_notice_drains_the_node_tells_the_step_and_its_ack_requeues_the_j
         f"--export=ALL,SHOAL_SOCKET={agent.socket_path},PYTHONPATH={CHECKOUT}",
         script=script,
     )
-    eventually(lambda: lines(folder / "runs.txt"), timeout=60, what="the job to start")
+    eventually(lambda: lines(folder / "runs.txt"), timeout=STARTS_WITHIN, what="the job to start")
 
     # The worker watches before the notice: the agent knows its step (and has admitted it).
     def watching() -> bool:

@@ -19,7 +19,7 @@ from devcluster import process
 from devcluster.process import Proc
 from slurmcluster import cluster
 from tests.integration.slurm.conftest import finished, job_info, lines, node_info, sbatch
-from tests.waiting import eventually
+from tests.waiting import STARTS_WITHIN, eventually
 
 TASK = 'echo "$SLURM_PROCID $SLURMD_NODENAME $(hostname)"'
 
@@ -164,7 +164,9 @@ def test_down_leaves_no_process_namespace_or_interface(
     second = cluster.up(run_dir, nodes=1, die_with_parent=True)
     try:
         job = sbatch(second, tmp_path, script=f"echo up > {tmp_path}/up.txt\nexec sleep 600\n")
-        eventually(lambda: lines(tmp_path / "up.txt"), timeout=60, what="the job to start")
+        eventually(
+            lambda: lines(tmp_path / "up.txt"), timeout=STARTS_WITHIN, what="the job to start"
+        )
         in_node = {pid: started_at(pid) for pid in cluster.in_netns(second.nodes[0].netns)}
         assert len(in_node) >= 3, in_node  # slurmd, slurmstepd and the job at least
         assert job_info(second, job)["JobState"] == "RUNNING"
@@ -212,7 +214,9 @@ def test_a_cluster_whose_session_was_killed_is_removed_by_the_next_up(
             assert said[-1:] == ["up"], said
             killed = cluster.Cluster.load(killed_dir)
             job = sbatch(killed, tmp_path, script=f"echo up > {tmp_path}/up.txt\nexec sleep 600\n")
-            eventually(lambda: lines(tmp_path / "up.txt"), timeout=60, what="the job to start")
+            eventually(
+                lambda: lines(tmp_path / "up.txt"), timeout=STARTS_WITHIN, what="the job to start"
+            )
             assert job
         finally:
             session.send_signal(signal.SIGKILL)
