@@ -631,8 +631,14 @@ def _locked(path: Path, timeout: float = 600.0) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+#: How long :func:`one_at_a_time` waits for the slot: another run's whole Slurm folder, which
+#: took about 20 minutes beside that run (8 minutes quiet). It was 480 s, and a run beside
+#: another gave up while the other's cluster still held the slot.
+SLOT_WAIT: Final = 1800.0
+
+
 @contextlib.contextmanager
-def one_at_a_time(timeout: float = 480.0) -> Iterator[None]:
+def one_at_a_time(timeout: float = SLOT_WAIT) -> Iterator[None]:
     """Hold the machine's Slurm test slot: test sessions (xdist workers, several runs of the
     suite) take turns running a cluster, so a loaded machine never carries two. Released when
     the block ends or the process dies."""

@@ -77,6 +77,20 @@ def skip_reason() -> str | None:
     return f"this machine cannot start Slurm: {reason}" if reason else None
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The folder's cluster first waits for the machine's Slurm slot, up to
+    :data:`cluster.SLOT_WAIT`, while another run's cluster holds it; that wait falls within the
+    first test's time, so each test here gets its own timeout (the suite's, or the one it
+    names) plus the wait."""
+    folder = Path(__file__).parent
+    suite = float(config.getini("timeout") or 0)
+    for item in items:
+        if item.path.is_relative_to(folder):
+            named = item.get_closest_marker("timeout")
+            own = float(named.args[0]) if named is not None and named.args else suite
+            item.add_marker(pytest.mark.timeout(own + cluster.SLOT_WAIT))
+
+
 @pytest.fixture(scope="package")
 def slurm_cluster_once(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.Cluster]:
     """One cluster for the folder (torn down after its last test); ``down`` must leave nothing."""

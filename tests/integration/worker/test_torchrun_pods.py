@@ -156,7 +156,10 @@ def scene(
     member_annotations: dict[str, str],
 ) -> Iterator[Scene]:
     devcluster = pool.devcluster
-    job = Job(tmp_path, eviction_wait=600.0)  # only the eviction stops the leaving torchrun
+    # Only the eviction stops the leaving torchrun. 300 steps, about 25 s of training: with the
+    # default 40 (4 s), on a machine loaded by another run, the job had ended by the time the
+    # scheduler's reclaim reached it, and no rank was left to stop.
+    job = Job(tmp_path, steps=300, eviction_wait=600.0)
     store = rendezvous_store()  # as on a node that is not revoked
     made = pool.add(3, gpus=8)
     runtime = Runtime(

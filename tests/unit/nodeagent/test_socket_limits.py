@@ -46,6 +46,8 @@ def rss(pid: int) -> int:
     return status_kib(pid, "VmRSS") or 0
 
 
+# The suite's 600 s plus the flood's own wait for its answers.
+@pytest.mark.timeout(600 + watch_flood.ANSWER_SECONDS)
 async def test_3000_idle_socket_watches_stay_under_the_memory_limit_and_a_worker_is_notified(
     tmp_path: Path,
 ) -> None:
