@@ -7,12 +7,20 @@ it is meant for binds it, a connection to an API server or etcd may take it, and
 exits with "address already in use": seen once in a full test run beside another run (the
 scheduler's HTTP port). The ports here are picked at random below that range, where no
 outgoing connection takes one, and each is checked free by binding it.
+
+A port handed out is also marked in :data:`HANDED_OUT` (one empty file per port) and not handed
+out again, by any process on the machine, for :data:`RESERVED_FOR` seconds: the program it is
+meant for may take a minute to start and bind it on a loaded machine, and once another test run
+picked the same port in that minute (an agent's HTTP port answered by another run's scheduler).
 """
 
 from __future__ import annotations
 
+import os
 import random
 import socket
+import tempfile
+import time
 from pathlib import Path
 from typing import Final
 
@@ -20,6 +28,10 @@ from typing import Final
 LOWEST: Final = 10_000
 _RANGE_FILE: Final = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _TRIES: Final = 200
+#: Where the ports handed out are marked, for every process on the machine.
+HANDED_OUT: Path = Path(tempfile.gettempdir()) / "shoal-ports"
+#: How long a port handed out is not handed out again.
+RESERVED_FOR: Final = 600.0
 
 
 def _below_ephemeral() -> range | None:
@@ -56,8 +68,11 @@ def _bind_one(host: str, candidates: range | None, rng: random.SystemRandom) -> 
     try:
         if candidates is not None:
             for _ in range(_TRIES):
+                port = rng.choice(candidates)
+                if not _reserve(port):
+                    continue
                 try:
-                    sock.bind((host, rng.choice(candidates)))
+                    sock.bind((host, port))
                 except OSError:
                     continue
                 return sock
@@ -66,3 +81,23 @@ def _bind_one(host: str, candidates: range | None, rng: random.SystemRandom) -> 
     except BaseException:
         sock.close()
         raise
+
+
+def _reserve(port: int) -> bool:
+    """Mark ``port`` handed out; False if it was, by any process, less than
+    :data:`RESERVED_FOR` seconds ago. Without a folder to mark in, every port may be taken."""
+    marker = HANDED_OUT / str(port)
+    try:
+        HANDED_OUT.mkdir(mode=0o1777, exist_ok=True)
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+        return True
+    except FileExistsError:
+        try:
+            if time.time() - marker.stat().st_mtime < RESERVED_FOR:
+                return False
+            os.utime(marker)
+        except OSError:
+            return False
+        return True
+    except OSError:
+        return True

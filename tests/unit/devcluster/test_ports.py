@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,23 @@ def test_a_port_in_use_is_never_handed_out(monkeypatch: pytest.MonkeyPatch) -> N
         busy = taken.getsockname()[1]
         monkeypatch.setattr(ports, "_below_ephemeral", lambda: range(busy, busy + 2))
         assert all(ports.free_port() != busy for _ in range(20))
+
+
+def test_a_port_another_process_was_handed_is_not_handed_out_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setattr(ports, "HANDED_OUT", tmp_path)
+    monkeypatch.setattr(ports, "_below_ephemeral", lambda: range(port, port + 1))
+    (tmp_path / str(port)).touch()  # handed out just now, not bound yet
+    assert ports.free_port() != port
+    # Once the reservation has run out, it may be handed out again.
+    old = time.time() - ports.RESERVED_FOR - 1
+    os.utime(tmp_path / str(port), (old, old))
+    assert ports.free_port() == port
+    assert (tmp_path / str(port)).stat().st_mtime > old
 
 
 def test_without_the_kernel_range_the_kernel_picks(
