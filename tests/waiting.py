@@ -16,6 +16,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -29,6 +30,21 @@ STARTS_WITHIN = 300
 #: pytest-timeout for a test that trains a real model (torch ranks in pods or Slurm steps): 3-5
 #: minutes on a quiet 2-core machine, past the suite's 600 s beside another test run.
 TRAINING_TIMEOUT = 1500
+
+
+def add_machine_wait(
+    config: pytest.Config, items: list[pytest.Item], folder: Path, wait: float
+) -> None:
+    """For a folder whose shared fixture first waits up to ``wait`` s for something the machine
+    holds once (a real node, the Slurm slot) while another run has it: that wait falls within
+    the first test's time, so each test of ``folder`` gets its own timeout (the suite's, or the
+    one it names) plus ``wait``."""
+    suite = float(config.getini("timeout") or 0)
+    for item in items:
+        if item.path.is_relative_to(folder):
+            named = item.get_closest_marker("timeout")
+            own = float(named.args[0]) if named is not None and named.args else suite
+            item.add_marker(pytest.mark.timeout(own + wait))
 
 
 def poll(probe: Callable[[], T | None], *, timeout: float, interval: float = 0.25) -> T | None:

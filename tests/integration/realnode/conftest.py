@@ -17,6 +17,7 @@ from kubernetes import client, config
 
 from devcluster import cluster, images, realnode
 from tests.integration.conftest import Devcluster
+from tests.waiting import add_machine_wait
 
 IMAGES = (images.OUT_DIR / "shoal-scheduler.oci.tar", images.OUT_DIR / "shoal-agent.oci.tar")
 #: The names the archives carry (what a pod's image says, with pullPolicy Never).
@@ -51,11 +52,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     :data:`realnode.MACHINE_WAIT`, while another run's real nodes hold it (one at a time:
     /var/lib/kubelet); that wait falls within the first test's time, so each real-node test gets
     the suite's timeout plus the wait. A run beside another timed out after 600 s in the wait."""
-    folder = Path(__file__).parent
-    limit = float(config.getini("timeout") or 0) + realnode.MACHINE_WAIT
-    for item in items:
-        if item.path.is_relative_to(folder) and item.get_closest_marker("timeout") is None:
-            item.add_marker(pytest.mark.timeout(limit))
+    add_machine_wait(config, items, Path(__file__).parent, realnode.MACHINE_WAIT)
 
 
 @pytest.fixture(scope="module")

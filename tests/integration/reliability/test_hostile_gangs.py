@@ -173,10 +173,10 @@ def test_a_node_deleted_while_its_gang_binds_gets_no_binding_and_the_gang_is_res
         return at is not None and at > gone[node]
 
     late = {
-        p: {n for n in on & set(deleted) if late_on(p, n)}
-        for p, on in _ever_bound(pod_history, members).items()
+        p: on
+        for p, bound in _ever_bound(pod_history, members).items()
+        if (on := {n for n in bound & set(deleted) if late_on(p, n)})
     }
-    late = {p: on for p, on in late.items() if on}
     assert len(late) <= 1, late
     figures.record(SECTION, "torn by node deletion: told after (s)", round(told, 1))
     figures.record(SECTION, "torn by node deletion: binds to deleted nodes", len(late))

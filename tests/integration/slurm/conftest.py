@@ -59,7 +59,7 @@ import pytest
 from fakes import metadata
 from fakes.clouds import Cloud
 from slurmcluster import cluster, install
-from tests.waiting import STARTS_WITHIN, eventually
+from tests.waiting import STARTS_WITHIN, add_machine_wait, eventually
 
 #: The checkout: jobs and agents import the project from it (``PYTHONPATH``).
 CHECKOUT = Path(__file__).resolve().parents[3]
@@ -79,16 +79,8 @@ def skip_reason() -> str | None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The folder's cluster first waits for the machine's Slurm slot, up to
-    :data:`cluster.SLOT_WAIT`, while another run's cluster holds it; that wait falls within the
-    first test's time, so each test here gets its own timeout (the suite's, or the one it
-    names) plus the wait."""
-    folder = Path(__file__).parent
-    suite = float(config.getini("timeout") or 0)
-    for item in items:
-        if item.path.is_relative_to(folder):
-            named = item.get_closest_marker("timeout")
-            own = float(named.args[0]) if named is not None and named.args else suite
-            item.add_marker(pytest.mark.timeout(own + cluster.SLOT_WAIT))
+    :data:`cluster.SLOT_WAIT`, while another run's cluster holds it."""
+    add_machine_wait(config, items, Path(__file__).parent, cluster.SLOT_WAIT)
 
 
 @pytest.fixture(scope="package")
