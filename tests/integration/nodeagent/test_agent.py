@@ -11,6 +11,7 @@ import sys
 import uuid
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +188,10 @@ def aws_scene(
 @pytest.mark.reliability
 def test_restart_mid_notice_loses_nothing_and_repeats_nothing(aws_scene: Scene) -> None:
     scene = aws_scene
+    # A deadline far enough away that the restarted agent finds the notice still live: AWS's
+    # two minutes, counted from the scene's start, had passed when a restart beside another test
+    # run took a minute, and the agent rightly evicted the pod at once, before the worker watched.
+    scene.cloud.renew(timedelta(minutes=10))
     scene.cloud.post()
 
     def annotated() -> bool:
